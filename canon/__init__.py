@@ -1,0 +1,1 @@
+"""The ``canon`` command line: demo, workers, receipt API, replay and audit."""

@@ -1,0 +1,65 @@
+"""The ``canon`` command: one entry point, one module per subcommand.
+
+``main(argv) -> int`` returns a named exit code; bad arguments give one clear line on
+standard error, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+from typing import Final
+
+from canon.exitcodes import RET_USAGE
+
+#: Subcommand modules under ``canon.commands``; each has ``register(subparsers)``.
+COMMANDS: Final = (
+    "demo",
+    "replay",
+    "verify",
+    "export",
+    "inspect",
+    "status",
+    "rebuild",
+    "workers",
+    "serve",
+    "bench",
+)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # type: ignore[override]
+        self.exit(RET_USAGE, f"canon: error: {message}\n")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """Build the argument parser with every available subcommand."""
+    parser = _Parser(
+        prog="canon",
+        description="Canonical tool-invocation store for AI-agent harnesses.",
+    )
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers.required = True
+    for name in COMMANDS:
+        try:
+            module = importlib.import_module(f"canon.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"canon.commands.{name}":
+                raise
+            continue
+        module.register(subparsers)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the ``canon`` command line; returns the process exit code."""
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    code: int = args.handler(args)
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""One module per ``canon`` subcommand, each with ``register(subparsers)``."""

@@ -1,0 +1,106 @@
+"""Connection settings shared by every ``canon`` subcommand.
+
+The server comes from ``--redis-url``, else ``REDIS_URL``; with neither, commands that
+may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis-server``
+with an append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in
+the URL (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
+``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import pathlib
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import timedelta
+from urllib.parse import quote, urlsplit, urlunsplit
+
+from eventstore.embedded import EmbeddedRedis
+from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
+from eventstore.store import DEFAULT_TTL, Store
+
+
+class ConnectionSettingsError(Exception):
+    """Raised when no Redis server is configured and none may be started."""
+
+
+def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
+    """Add ``--redis-url``, ``--namespace``, ``--shards`` (and ``--data-dir`` if embedded)."""
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="Redis URL (redis://, rediss:// or unix://); default: $REDIS_URL"
+        + ("; without either, an embedded redis-server is started" if embedded else ""),
+    )
+    parser.add_argument(
+        "--namespace",
+        default=os.environ.get("CANON_NAMESPACE", DEFAULT_NAMESPACE),
+        help="key namespace (default: $CANON_NAMESPACE or %(default)s)",
+    )
+    parser.add_argument(
+        "--shards",
+        type=int,
+        default=int(os.environ.get("CANON_SHARDS", DEFAULT_SHARDS)),
+        help="shard count of the namespace (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--ttl-s",
+        type=int,
+        default=int(DEFAULT_TTL.total_seconds()),
+        help="record TTL in seconds for new records (default: %(default)s)",
+    )
+    if embedded:
+        parser.add_argument(
+            "--data-dir",
+            type=pathlib.Path,
+            default=pathlib.Path(".canon/data"),
+            help="where the embedded server keeps its append-only file (default: %(default)s)",
+        )
+
+
+def with_credentials(url: str) -> str:
+    """Add ``REDIS_USERNAME`` / ``REDIS_PASSWORD`` to a URL that carries none."""
+    username = os.environ.get("REDIS_USERNAME")
+    password = os.environ.get("REDIS_PASSWORD")
+    parts = urlsplit(url)
+    if not password or parts.password or parts.scheme not in ("redis", "rediss"):
+        return url
+    auth = f"{quote(username or 'default', safe='')}:{quote(password, safe='')}@"
+    return urlunsplit(parts._replace(netloc=auth + parts.netloc))
+
+
+def configured_url(args: argparse.Namespace) -> str | None:
+    """Return the configured Redis URL (flag, then environment), or None."""
+    url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL")
+    return with_credentials(url) if url else None
+
+
+def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
+    """Start a private server that keeps an append-only file in ``data_dir``."""
+    data_dir.mkdir(parents=True, exist_ok=True)
+    return EmbeddedRedis(data_dir=data_dir.resolve(), appendonly=True).start()
+
+
+@asynccontextmanager
+async def open_store(args: argparse.Namespace, *, embedded: bool = False) -> AsyncIterator[Store]:
+    """Open the store the arguments describe; start an embedded server when allowed.
+
+    Raises:
+        ConnectionSettingsError: no server is configured and ``embedded`` is False.
+    """
+    async with AsyncExitStack() as stack:
+        url = configured_url(args)
+        if url is None:
+            if not embedded:
+                raise ConnectionSettingsError("no Redis configured: set REDIS_URL or --redis-url")
+            url = stack.enter_context(_start_embedded(args.data_dir)).url
+        store = Store.from_url(
+            url,
+            namespace=args.namespace,
+            shards=args.shards,
+            ttl=timedelta(seconds=args.ttl_s),
+        )
+        await stack.enter_async_context(store)
+        yield store

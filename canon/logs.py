@@ -1,0 +1,59 @@
+"""Process-wide logging setup: configured once, at the entry point, never in libraries.
+
+Library modules only call ``structlog.get_logger()``. Output is JSON in production and
+readable key=value lines in a terminal. Payloads, tokens and Redis keys are never logged
+by our code; :func:`drop_secrets` is a last guard for fields that must never leave.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import MutableMapping
+from typing import Any, Final
+
+import structlog
+
+_SECRET_FIELDS: Final = frozenset(
+    {"token", "access_token", "password", "authorization", "payload", "raw", "request"}
+)
+
+
+def drop_secrets(
+    _logger: object, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Replace values of fields that must never be logged."""
+    for name in _SECRET_FIELDS & event_dict.keys():
+        event_dict[name] = "<redacted>"
+    return event_dict
+
+
+def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
+    """Configure structlog for this process.
+
+    Args:
+        json: JSON lines when True, console lines when False, and by default JSON unless
+            standard error is a terminal.
+        level: the lowest level written.
+    """
+    if json is None:
+        json = not sys.stderr.isatty()
+    renderer: Any = (
+        structlog.processors.JSONRenderer()
+        if json
+        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+    )
+    structlog.configure(
+        processors=[
+            structlog.contextvars.merge_contextvars,
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            drop_secrets,
+            renderer,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(
+            logging.getLevelNamesMapping()[level.upper()]
+        ),
+        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        cache_logger_on_first_use=True,
+    )

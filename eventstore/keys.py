@@ -1,0 +1,117 @@
+"""Every Redis key the store uses, and the only code that formats one.
+
+All keys of one run share the run's shard hash tag, so one script can touch a run's
+record, stream, counters, progress list and the shard feed atomically, also on a cluster.
+
+=================================== ====== ======================== =======================
+key                                 type   written by               TTL
+=================================== ====== ======================== =======================
+``{ns}:meta``                       hash   ``Store.check_namespace`` none (namespace config)
+``{ns}:{sNN}:ctl``                  hash   ``Store.set_paused``     none (one per shard)
+``{ns}:{sNN}:run:<run>``            hash   open_run.lua, create.lua deadline + record TTL
+``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
+``{ns}:{sNN}:inv:<run>:<call>:ev``  stream create.lua, append.lua   same instant as record
+``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
+``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age (MINID)
+``{ns}:{sNN}:receipt:<invocation>`` hash   receipt worker           the record's expiry
+``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
+``{ns}:{sNN}:pos:<projection>``     hash   projection workers       none (per-shard cursor)
+``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
+=================================== ====== ======================== =======================
+
+Ids reaching a key are validated first (:mod:`machine.ids`): no ``:``, braces,
+whitespace or control characters, so no key can be confused with another.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+from machine.ids import is_safe_id
+
+DEFAULT_NAMESPACE = "canon"
+DEFAULT_SHARDS = 16
+
+
+def shard_of(run_id: str, shards: int) -> int:
+    """Return the shard number of a run: CRC32 of its id modulo the shard count."""
+    return zlib.crc32(run_id.encode()) % shards
+
+
+@dataclass(frozen=True, slots=True)
+class Keys:
+    """Key layout of one namespace with a fixed shard count."""
+
+    namespace: str = DEFAULT_NAMESPACE
+    shards: int = DEFAULT_SHARDS
+
+    def __post_init__(self) -> None:
+        if not is_safe_id(self.namespace) or len(self.namespace) > 32:
+            raise ValueError("namespace must be a safe id of at most 32 characters")
+        if not 1 <= self.shards <= 1024:
+            raise ValueError("shards must be between 1 and 1024")
+
+    def tag(self, shard: int) -> str:
+        """Return the key prefix of one shard, hash tag included."""
+        return f"{self.namespace}:{{s{shard:02d}}}"
+
+    def tag_of(self, run_id: str) -> str:
+        """Return the key prefix of the shard that owns ``run_id``."""
+        return self.tag(shard_of(run_id, self.shards))
+
+    def meta(self) -> str:
+        """Namespace metadata (shard count, schema)."""
+        return f"{self.namespace}:meta"
+
+    def control(self, shard: int) -> str:
+        """Per-shard control hash (the execution pause switch lives in every shard)."""
+        return f"{self.tag(shard)}:ctl"
+
+    def control_of(self, run_id: str) -> str:
+        """Control hash of the shard that owns ``run_id``."""
+        return f"{self.tag_of(run_id)}:ctl"
+
+    def run(self, run_id: str) -> str:
+        """Run registry hash: activity, deadline, budgets, counters, token hash."""
+        return f"{self.tag_of(run_id)}:run:{run_id}"
+
+    def record(self, run_id: str, tool_call_id: str) -> str:
+        """Canonical record of one invocation."""
+        return f"{self.tag_of(run_id)}:inv:{run_id}:{tool_call_id}"
+
+    def stream(self, run_id: str, tool_call_id: str) -> str:
+        """Event stream of one invocation."""
+        return f"{self.record(run_id, tool_call_id)}:ev"
+
+    def progress(self, run_id: str) -> str:
+        """Ordered canonical identities of a run's finished calls."""
+        return f"{self.tag_of(run_id)}:progress:{run_id}"
+
+    def feed(self, shard: int) -> str:
+        """Shard feed: one small entry per committed event (the outbox)."""
+        return f"{self.tag(shard)}:feed"
+
+    def feed_of(self, run_id: str) -> str:
+        """Feed of the shard that owns ``run_id``."""
+        return self.feed(shard_of(run_id, self.shards))
+
+    def receipt(self, run_id: str, invocation_id: str) -> str:
+        """Materialized receipt of one invocation (in its run's shard)."""
+        return f"{self.tag_of(run_id)}:receipt:{invocation_id}"
+
+    def run_view(self, run_id: str) -> str:
+        """Materialized progress view of one run."""
+        return f"{self.tag_of(run_id)}:rview:{run_id}"
+
+    def position(self, shard: int, projection: str) -> str:
+        """Per-shard position of one projection (last applied feed entry id)."""
+        return f"{self.tag(shard)}:pos:{projection}"
+
+    def dead_letters(self, shard: int) -> str:
+        """Dead-letter stream of one shard."""
+        return f"{self.tag(shard)}:dead"
+
+    def scan_pattern(self, kind: str) -> str:
+        """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...)."""
+        return f"{self.namespace}:{{s*}}:{kind}:*"

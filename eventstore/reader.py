@@ -1,0 +1,131 @@
+"""Read-only access to canonical records and their event streams.
+
+Only HGETALL, HGET, XRANGE and similar reads are issued: nothing here can set, extend or
+refresh an expiry, so reading a record never changes when it expires.
+"""
+
+from __future__ import annotations
+
+from typing import cast
+
+import msgspec
+from redis.asyncio import Redis
+
+from eventstore.errors import CanonError, redis_errors
+from eventstore.keys import Keys
+from machine.events import Event, decode_event, event_hash
+from machine.fold import InvocationState, state_from_record
+
+
+class CorruptRecord(CanonError):
+    """Raised when a stored record or event cannot be decoded into a valid shape."""
+
+
+class InvocationRecord(msgspec.Struct, frozen=True, kw_only=True):
+    """One canonical record as stored: lifecycle state, payload bytes and expiry.
+
+    ``raw`` is harness-only data; it must never be handed to an agent.
+    """
+
+    state: InvocationState
+    invocation_id: str
+    expires_at_ms: int
+    request: bytes
+    raw: bytes | None = None
+    result: bytes | None = None
+
+
+class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One event as read back from an invocation stream.
+
+    Attributes:
+        entry_id: the stream entry id.
+        data: the event's stored bytes (what its chain hash covers).
+        stored_hash: the hash written beside the event.
+        event: the decoded event, or None when the bytes do not decode.
+
+    """
+
+    entry_id: str
+    data: bytes
+    stored_hash: str
+    event: Event | None
+
+    @property
+    def computed_hash(self) -> str:
+        """Hash recomputed from the stored bytes."""
+        return event_hash(self.data)
+
+
+def _str_fields(raw: dict[bytes, bytes]) -> dict[str, str]:
+    return {k.decode(): v.decode("utf-8", "replace") for k, v in raw.items()}
+
+
+def record_from_hash(raw: dict[bytes, bytes]) -> InvocationRecord:
+    """Build an :class:`InvocationRecord` from HGETALL output.
+
+    Raises:
+        CorruptRecord: the hash does not hold a valid record.
+
+    """
+    fields = _str_fields(raw)
+    try:
+        return InvocationRecord(
+            state=state_from_record(fields),
+            invocation_id=fields["invocation_id"],
+            expires_at_ms=int(fields["expires_at_ms"]),
+            request=raw[b"request"],
+            raw=raw.get(b"raw"),
+            result=raw.get(b"result"),
+        )
+    except (KeyError, ValueError, msgspec.ValidationError) as exc:
+        raise CorruptRecord(type(exc).__name__) from None
+
+
+class Reader:
+    """Reads records and streams of one namespace."""
+
+    def __init__(self, client: Redis, keys: Keys) -> None:
+        self._client = client
+        self._keys = keys
+
+    async def fields(self, run_id: str, tool_call_id: str) -> dict[bytes, bytes]:
+        """Return the record's raw hash fields ({} when absent or expired)."""
+        async with redis_errors():
+            result = await self._client.hgetall(self._keys.record(run_id, tool_call_id))
+        return cast(dict[bytes, bytes], result)
+
+    async def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
+        """Return the canonical record, or None when it is absent or expired.
+
+        Raises:
+            CorruptRecord: the stored hash is not a valid record.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        raw = await self.fields(run_id, tool_call_id)
+        return record_from_hash(raw) if raw else None
+
+    async def events(self, run_id: str, tool_call_id: str) -> list[StoredEvent]:
+        """Return the invocation's events in order ([] when the stream is absent)."""
+        async with redis_errors():
+            entries = cast(
+                list[tuple[bytes, dict[bytes, bytes]]],
+                await self._client.xrange(self._keys.stream(run_id, tool_call_id)),
+            )
+        stored: list[StoredEvent] = []
+        for entry_id, fields in entries:
+            data = fields.get(b"e", b"")
+            try:
+                event: Event | None = decode_event(data)
+            except msgspec.DecodeError:
+                event = None
+            stored.append(
+                StoredEvent(
+                    entry_id=entry_id.decode(),
+                    data=data,
+                    stored_hash=fields.get(b"h", b"").decode(),
+                    event=event,
+                )
+            )
+        return stored

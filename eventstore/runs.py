@@ -1,0 +1,197 @@
+"""The run registry: deadlines, budgets, tool grants and the run's access-token hash.
+
+Budgets are reserved by ``create.lua`` in the same step that creates a record, so several
+harness processes sharing one run can never overspend it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from collections.abc import Mapping
+from typing import Final, cast
+
+import msgspec
+from redis.asyncio import Redis
+
+from eventstore.errors import InvalidArgument, RunExists, redis_errors
+from eventstore.keys import Keys
+from eventstore.scripts import Scripts
+from machine.ids import is_safe_id, is_tool_name
+
+_TOKEN_PREFIX: Final = "cr1"  # noqa: S105 (a format marker, not a secret)
+
+
+class OpenedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """What ``open_run`` hands back. ``access_token`` is shown once and stored only hashed."""
+
+    run_id: str
+    access_token: str
+    deadline_ms: int
+    expires_at_ms: int
+
+    def __repr__(self) -> str:
+        return f"OpenedRun(run_id={self.run_id!r}, access_token=<hidden>)"
+
+
+class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
+    """A run's registry entry as stored (the token hash is never exposed)."""
+
+    run_id: str
+    active: bool
+    deadline_ms: int
+    expires_at_ms: int
+    created_at_ms: int
+    budget_total: int | None
+    used_total: int
+    tools: dict[str, int | None]
+    used: dict[str, int]
+    revoked: frozenset[str]
+    invocations: int
+
+
+def token_digest(token: str) -> str:
+    """Return the SHA-256 hex digest under which a run's token is stored."""
+    return hashlib.sha256(token.encode("utf-8", "surrogatepass")).hexdigest()
+
+
+def run_id_of_token(token: str) -> str | None:
+    """Return the run id a token names, or None when the token is not of our form."""
+    prefix, _, rest = token.partition(":")
+    run_id, _, secret = rest.partition(":")
+    if prefix != _TOKEN_PREFIX or not secret or not is_safe_id(run_id):
+        return None
+    return run_id
+
+
+def _int(value: bytes | None) -> int | None:
+    return int(value) if value is not None else None
+
+
+class RunRegistry:
+    """Opens, closes and reads runs of one namespace."""
+
+    def __init__(self, client: Redis, keys: Keys, scripts: Scripts, *, ttl_ms: int) -> None:
+        self._client = client
+        self._keys = keys
+        self._scripts = scripts
+        self._ttl_ms = ttl_ms
+
+    async def open(
+        self,
+        run_id: str,
+        *,
+        deadline_ms: int,
+        budget: int | None = None,
+        tools: Mapping[str, int | None] | None = None,
+    ) -> OpenedRun:
+        """Register a run and return its one-time access token.
+
+        Args:
+            run_id: a safe id, unique in the namespace for the run's lifetime.
+            deadline_ms: absolute deadline (ms since epoch); calls after it are refused.
+            budget: most invocations the run may create, or None for no run budget.
+            tools: tools granted to the run, each with its own budget (None for none).
+
+        Raises:
+            InvalidArgument: an unsafe id, a negative budget or a past deadline.
+            RunExists: the run id is already registered.
+
+        """
+        if not is_safe_id(run_id):
+            raise InvalidArgument("run id is not a safe id")
+        grants = dict(tools or {})
+        for name, tool_budget in grants.items():
+            if not is_tool_name(name):
+                raise InvalidArgument("tool name is not allowed")
+            if tool_budget is not None and tool_budget < 0:
+                raise InvalidArgument("tool budget must not be negative")
+        if budget is not None and budget < 0:
+            raise InvalidArgument("run budget must not be negative")
+        token = f"{_TOKEN_PREFIX}:{run_id}:{secrets.token_urlsafe(32)}"
+        args: list[str | int] = [
+            token_digest(token),
+            deadline_ms,
+            self._ttl_ms,
+            "" if budget is None else budget,
+        ]
+        for name, tool_budget in grants.items():
+            args += (name, "" if tool_budget is None else tool_budget)
+        async with redis_errors():
+            reply = await self._scripts.open_run(keys=[self._keys.run(run_id)], args=args)
+        if reply[0] == b"refused":
+            if reply[1] == b"RUN_EXISTS":
+                raise RunExists("run id is already registered")
+            raise InvalidArgument("deadline has already passed")
+        return OpenedRun(
+            run_id=run_id, access_token=token, deadline_ms=deadline_ms, expires_at_ms=int(reply[1])
+        )
+
+    async def _update(self, run_id: str, *pairs: str | int) -> bool:
+        if not is_safe_id(run_id):
+            return False
+        async with redis_errors():
+            updated = await self._scripts.update_run(keys=[self._keys.run(run_id)], args=pairs)
+        return bool(updated)
+
+    async def close(self, run_id: str) -> bool:
+        """Mark a run inactive; later calls are refused. False when the run is unknown."""
+        return await self._update(run_id, "active", 0)
+
+    async def revoke_tool(self, run_id: str, tool: str) -> bool:
+        """Withdraw a tool's authorization from a run (receipts of it become unreadable)."""
+        return await self._update(run_id, f"revoked:{tool}", 1)
+
+    async def info(self, run_id: str) -> RunInfo | None:
+        """Return the run's registry entry, or None when unknown or expired."""
+        if not is_safe_id(run_id):
+            return None
+        async with redis_errors():
+            raw = cast(dict[bytes, bytes], await self._client.hgetall(self._keys.run(run_id)))
+        if not raw:
+            return None
+        fields = {k.decode(): v for k, v in raw.items()}
+        tools = {
+            name[5:]: _int(fields.get(f"budget:{name[5:]}"))
+            for name in fields
+            if name.startswith("tool:")
+        }
+        used = {name[5:]: int(v) for name, v in fields.items() if name.startswith("used:")}
+        return RunInfo(
+            run_id=run_id,
+            active=fields.get("active") == b"1",
+            deadline_ms=int(fields["deadline_ms"]),
+            expires_at_ms=int(fields["expires_at_ms"]),
+            created_at_ms=int(fields["created_at_ms"]),
+            budget_total=_int(fields.get("budget_total")),
+            used_total=int(fields.get("used_total", b"0")),
+            tools=tools,
+            used=used,
+            revoked=frozenset(name[8:] for name in fields if name.startswith("revoked:")),
+            invocations=sum(1 for name in fields if name.startswith("inv:")),
+        )
+
+    async def authenticate(self, token: str) -> str | None:
+        """Return the run id an access token belongs to, or None (compared in constant time)."""
+        run_id = run_id_of_token(token)
+        if run_id is None:
+            return None
+        async with redis_errors():
+            stored = cast(
+                bytes | None, await self._client.hget(self._keys.run(run_id), "token_sha256")
+            )
+        if stored is None:
+            return None
+        if hmac.compare_digest(stored.decode(), token_digest(token)):
+            return run_id
+        return None
+
+    async def tool_call_id_of(self, run_id: str, invocation_id: str) -> str | None:
+        """Return the tool call id behind one of the run's invocation ids, or None."""
+        async with redis_errors():
+            value = cast(
+                bytes | None,
+                await self._client.hget(self._keys.run(run_id), f"inv:{invocation_id}"),
+            )
+        return value.decode() if value is not None else None

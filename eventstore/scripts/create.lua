@@ -1,0 +1,83 @@
+-- create.lua: create one invocation with its Preflighted event, atomically.
+--
+-- Reserves the run and tool budgets, records the invocation in its run, writes the
+-- canonical record with the complete request, sets ONE absolute expiry on record and
+-- stream (the only place a TTL is ever set on them), appends the event to the stream and
+-- one small entry to the shard feed (the outbox).
+--
+-- KEYS[1] record hash        KEYS[2] event stream      KEYS[3] shard feed
+-- KEYS[4] run registry hash  KEYS[5] shard control hash
+-- ARGV[1] event id           ARGV[2] event hash        ARGV[3] event JSON
+-- ARGV[4] run id             ARGV[5] tool call id      ARGV[6] tool name
+-- ARGV[7] invocation id      ARGV[8] event time (ms)   ARGV[9] record TTL (ms)
+-- ARGV[10] feed retention (ms)
+-- ARGV[11..] field/value pairs the event sets (payloads included)
+--
+-- Reply: {"ok", version, feed entry id, expires_at_ms}
+--        {"applied", version, "", expires_at_ms}   the same event id was already applied
+--        {"refused", CODE}   CODE is one of RUN_INACTIVE, UNAUTHORIZED, RUN_DEADLINE_EXPIRED,
+--        EXECUTION_PAUSED, DUPLICATE_TOOL_CALL, TOOL_BUDGET_EXHAUSTED,
+--        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
+-- @lifecycle-tables
+
+local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
+local event_id, event_hash, event_json = ARGV[1], ARGV[2], ARGV[3]
+local run_id, tool_call_id, tool, invocation_id = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local at_ms, ttl_ms, retention_ms = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+
+local existing = redis.call('HMGET', record, 'e1', 'version', 'expires_at_ms')
+if existing[1] then
+  if existing[1] == event_id then
+    return {'applied', tonumber(existing[2]), '', tonumber(existing[3])}
+  end
+  return {'refused', 'DUPLICATE_TOOL_CALL'}
+end
+
+local now = redis.call('TIME')
+local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
+
+local used_field, budget_field = 'used:' .. tool, 'budget:' .. tool
+local r = redis.call('HMGET', run, 'active', 'deadline_ms', 'budget_total', 'used_total',
+  budget_field, used_field, 'inv:' .. invocation_id, 'restricted', 'tool:' .. tool,
+  'revoked:' .. tool)
+if r[1] ~= '1' then return {'refused', 'RUN_INACTIVE'} end
+if (r[8] == '1' and not r[9]) or r[10] then return {'refused', 'UNAUTHORIZED'} end
+if now_ms >= tonumber(r[2]) then return {'refused', 'RUN_DEADLINE_EXPIRED'} end
+if redis.call('HGET', ctl, 'paused') == '1' then return {'refused', 'EXECUTION_PAUSED'} end
+-- The run remembers every call id for its whole life, so a call whose record already
+-- expired is still a duplicate.
+if r[7] then return {'refused', 'DUPLICATE_TOOL_CALL'} end
+if r[5] and tonumber(r[6] or '0') >= tonumber(r[5]) then
+  return {'refused', 'TOOL_BUDGET_EXHAUSTED'}
+end
+if r[3] and tonumber(r[4] or '0') >= tonumber(r[3]) then
+  return {'refused', 'RUN_BUDGET_EXHAUSTED'}
+end
+
+local fields = {}
+for i = 11, #ARGV, 2 do
+  local name = ARGV[i]
+  if PROTECTED[name] or name == 'evidence_status' or string.match(name, '^e%d+$') then
+    return {'refused', 'PROTECTED_FIELD'}
+  end
+  fields[#fields + 1] = name
+  fields[#fields + 1] = ARGV[i + 1]
+end
+
+redis.call('HINCRBY', run, 'used_total', 1)
+redis.call('HINCRBY', run, used_field, 1)
+redis.call('HSET', run, 'inv:' .. invocation_id, tool_call_id)
+
+local expires_at_ms = now_ms + ttl_ms
+local stage = TRANSITIONS['NEW|Preflighted']
+redis.call('HSET', record, 'stage', stage, 'status', STATUS_OF[stage],
+  'evidence_status', 'PENDING', 'version', 1, 'last_hash', event_hash,
+  'updated_at_ms', at_ms, 'expires_at_ms', expires_at_ms, 'invocation_id', invocation_id,
+  'e1', event_id, unpack(fields))
+redis.call('PEXPIREAT', record, expires_at_ms)
+redis.call('XADD', stream, '*', 'e', event_json, 'h', event_hash)
+redis.call('PEXPIREAT', stream, expires_at_ms)
+
+local feed_id = redis.call('XADD', feed, 'MINID', '~', math.max(0, now_ms - retention_ms), '*',
+  'r', run_id, 'c', tool_call_id, 'v', 1, 't', 'Preflighted', 's', STATUS_OF[stage])
+return {'ok', 1, feed_id, expires_at_ms}

@@ -1,0 +1,238 @@
+"""The Writer: appends events and folds them into the canonical record, atomically.
+
+Each call is one script execution, so an event, its fold, its feed entry (the outbox) and,
+for a creation, the run's budget reservation either all happen or none does. Every event
+carries a fresh event id; re-sending the same event after a lost reply is answered as
+already applied, which is what makes client-side retries safe.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from dataclasses import dataclass
+from typing import Final
+
+from redis.asyncio import Redis
+
+from eventstore.errors import RecordExpired, Refused, redis_errors
+from eventstore.keys import Keys
+from eventstore.scripts import Scripts
+from machine.codes import ErrorCode, EvidenceStatus
+from machine.events import (
+    GENESIS_HASH,
+    Completed,
+    Event,
+    Failed,
+    Preflighted,
+    ProjectingStarted,
+    encode_event,
+    event_hash,
+    event_type,
+    payload_digest,
+)
+from machine.fold import event_fields
+from machine.ids import invocation_id
+
+#: Record field that holds each event type's payload.
+PAYLOAD_FIELD: Final = {
+    "Preflighted": "request",
+    "ProjectingStarted": "raw",
+    "Completed": "result",
+}
+
+
+def now_ms() -> int:
+    """Return the wall-clock time in milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+def new_event_id() -> str:
+    """Return a fresh random event id (128 bits, hex)."""
+    return os.urandom(16).hex()
+
+
+@dataclass(frozen=True, slots=True)
+class Head:
+    """Where an invocation stands after a write: what the next event must follow.
+
+    Attributes:
+        run_id: the run that owns the invocation.
+        tool_call_id: the framework's tool call id, exactly as supplied.
+        version: version of the last applied event (1-based).
+        last_hash: chain hash of the last applied event.
+        entry_id: feed entry id of this commit, the position projections wait for
+            ("" when the event had already been applied by an earlier attempt).
+        expires_at_ms: the record's absolute expiry, fixed at creation.
+
+    """
+
+    run_id: str
+    tool_call_id: str
+    version: int
+    last_hash: str
+    entry_id: str
+    expires_at_ms: int
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Writer:
+    """Appends events through the store's scripts."""
+
+    def __init__(
+        self, client: Redis, keys: Keys, scripts: Scripts, *, ttl_ms: int, feed_retention_ms: int
+    ) -> None:
+        self._client = client
+        self._keys = keys
+        self._scripts = scripts
+        self._ttl_ms = ttl_ms
+        self._feed_retention_ms = feed_retention_ms
+
+    async def append(
+        self, event: Event, payload: bytes | None = None, *, run_id: str, tool_call_id: str
+    ) -> Head:
+        """Append one prepared event (and its payload, if its type has one).
+
+        Raises:
+            Refused: the script refused the event (its ``code`` says why).
+            RecordExpired: an update found the record gone; nothing was created.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        encoded = encode_event(event)
+        hash_ = event_hash(encoded)
+        kind = event_type(event)
+        pairs: list[str | bytes] = []
+        for name, value in event_fields(event).items():
+            pairs += (name, value)
+        field = PAYLOAD_FIELD.get(kind)
+        if field is not None and payload is not None:
+            pairs += (field, payload)
+        keys = self._keys
+        async with redis_errors():
+            if isinstance(event, Preflighted):
+                reply = await self._scripts.create(
+                    keys=[
+                        keys.record(run_id, tool_call_id),
+                        keys.stream(run_id, tool_call_id),
+                        keys.feed_of(run_id),
+                        keys.run(run_id),
+                        keys.control_of(run_id),
+                    ],
+                    args=[
+                        event.event_id,
+                        hash_,
+                        encoded,
+                        run_id,
+                        tool_call_id,
+                        event.tool,
+                        invocation_id(run_id, tool_call_id),
+                        event.at_ms,
+                        self._ttl_ms,
+                        self._feed_retention_ms,
+                        *pairs,
+                    ],
+                )
+            else:
+                reply = await self._scripts.append(
+                    keys=[
+                        keys.record(run_id, tool_call_id),
+                        keys.stream(run_id, tool_call_id),
+                        keys.feed_of(run_id),
+                        keys.progress(run_id),
+                        keys.run(run_id),
+                    ],
+                    args=[
+                        kind,
+                        event.version,
+                        event.event_id,
+                        event.prev_hash,
+                        hash_,
+                        encoded,
+                        event.at_ms,
+                        self._feed_retention_ms,
+                        run_id,
+                        tool_call_id,
+                        *pairs,
+                    ],
+                )
+        outcome = _text(reply[0])
+        if outcome == "refused":
+            code = _text(reply[1])
+            if code == ErrorCode.RECORD_EXPIRED.value:
+                raise RecordExpired()
+            raise Refused(code, int(reply[2]) if len(reply) > 2 else None)
+        return Head(
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            version=int(reply[1]),
+            last_hash=hash_,
+            entry_id=_text(reply[2]),
+            expires_at_ms=int(reply[3]),
+        )
+
+    async def create(self, run_id: str, tool_call_id: str, tool: str, request: bytes) -> Head:
+        """Create the invocation: Preflighted with the complete request (status PROJECTING).
+
+        Raises:
+            Refused: with a preflight code (RUN_INACTIVE, DUPLICATE_TOOL_CALL, budgets...).
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        event = Preflighted(
+            event_id=new_event_id(),
+            version=1,
+            at_ms=now_ms(),
+            prev_hash=GENESIS_HASH,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=tool,
+            request_sha256=payload_digest(request),
+            request_bytes=len(request),
+        )
+        return await self.append(event, request, run_id=run_id, tool_call_id=tool_call_id)
+
+    async def start_projecting(self, head: Head, raw: bytes) -> Head:
+        """Store the executor's complete raw response (ProjectingStarted)."""
+        event = ProjectingStarted(
+            event_id=new_event_id(),
+            version=head.version + 1,
+            at_ms=now_ms(),
+            prev_hash=head.last_hash,
+            raw_sha256=payload_digest(raw),
+            raw_bytes=len(raw),
+        )
+        return await self.append(event, raw, run_id=head.run_id, tool_call_id=head.tool_call_id)
+
+    async def complete(
+        self, head: Head, result: bytes, evidence_status: EvidenceStatus, scope: str
+    ) -> Head:
+        """Store the bounded agent result and make the record READY (Completed)."""
+        event = Completed(
+            event_id=new_event_id(),
+            version=head.version + 1,
+            at_ms=now_ms(),
+            prev_hash=head.last_hash,
+            result_sha256=payload_digest(result),
+            result_bytes=len(result),
+            evidence_status=evidence_status,
+            scope=scope,
+        )
+        return await self.append(event, result, run_id=head.run_id, tool_call_id=head.tool_call_id)
+
+    async def fail(
+        self, head: Head, error_code: ErrorCode, rejected_bytes: int | None = None
+    ) -> Head:
+        """Make the record ERROR with a stable code (Failed)."""
+        event = Failed(
+            event_id=new_event_id(),
+            version=head.version + 1,
+            at_ms=now_ms(),
+            prev_hash=head.last_hash,
+            error_code=error_code,
+            rejected_bytes=rejected_bytes,
+        )
+        return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)

@@ -1,0 +1,182 @@
+"""The pure fold: an invocation's state is its events applied in order.
+
+The Lua scripts apply the same rules inside Redis; a test proves both agree on every
+(stage, event) pair. Payload bytes are not part of the state, only their digests and sizes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from typing import Final
+
+import msgspec
+
+from machine.codes import ErrorCode, EvidenceStatus, Stage, Status
+from machine.events import (
+    GENESIS_HASH,
+    Completed,
+    Event,
+    Failed,
+    Preflighted,
+    ProjectingStarted,
+    encode_event,
+    event_hash,
+    event_type,
+)
+from machine.lifecycle import EVIDENCE_ALLOWED, STATUS_OF, next_stage
+
+
+class FoldError(Exception):
+    """Raised when an event cannot be applied to a state; carries the reason."""
+
+    reason = "fold_error"
+
+
+class IllegalTransition(FoldError):
+    """Raised when the lifecycle does not allow the event in the current stage."""
+
+    reason = "illegal_transition"
+
+
+class VersionMismatch(FoldError):
+    """Raised when an event's version is not the state's version plus one."""
+
+    reason = "version_mismatch"
+
+
+class ChainBroken(FoldError):
+    """Raised when an event's ``prev_hash`` is not the hash of the event before it."""
+
+    reason = "chain_broken"
+
+
+class InvalidEvidence(FoldError):
+    """Raised when a Completed event names an evidence status READY cannot hold."""
+
+    reason = "invalid_evidence_status"
+
+
+class InvocationState(msgspec.Struct, kw_only=True):
+    """Everything the events say about one invocation (payload digests, not payloads).
+
+    Field names are also the canonical record's hash field names.
+    """
+
+    run_id: str
+    tool_call_id: str
+    tool: str
+    stage: Stage
+    status: Status
+    evidence_status: EvidenceStatus
+    version: int
+    last_hash: str
+    created_at_ms: int
+    updated_at_ms: int
+    request_sha256: str
+    request_bytes: int
+    raw_sha256: str | None = None
+    raw_bytes: int | None = None
+    result_sha256: str | None = None
+    result_bytes: int | None = None
+    scope: str | None = None
+    error_code: ErrorCode | None = None
+    rejected_bytes: int | None = None
+
+
+#: Record fields owned by the lifecycle; an event's own fields may never overwrite them.
+LIFECYCLE_FIELDS: Final = frozenset(
+    {"stage", "status", "evidence_status", "version", "last_hash", "updated_at_ms"}
+)
+
+
+def event_fields(event: Event) -> dict[str, str]:
+    """Return the record fields an event sets besides the lifecycle fields, as strings."""
+    match event:
+        case Preflighted():
+            return {
+                "run_id": event.run_id,
+                "tool_call_id": event.tool_call_id,
+                "tool": event.tool,
+                "created_at_ms": str(event.at_ms),
+                "request_sha256": event.request_sha256,
+                "request_bytes": str(event.request_bytes),
+            }
+        case ProjectingStarted():
+            return {"raw_sha256": event.raw_sha256, "raw_bytes": str(event.raw_bytes)}
+        case Completed():
+            return {
+                "result_sha256": event.result_sha256,
+                "result_bytes": str(event.result_bytes),
+                "scope": event.scope,
+                "evidence_status": event.evidence_status.value,
+            }
+        case Failed():
+            fields = {"error_code": event.error_code.value}
+            if event.rejected_bytes is not None:
+                fields["rejected_bytes"] = str(event.rejected_bytes)
+            return fields
+    raise TypeError(f"not an event: {type(event).__name__}")  # pragma: no cover
+
+
+def fold(state: InvocationState | None, event: Event, hash_: str | None = None) -> InvocationState:
+    """Apply one event to ``state`` (None before the first event) and return the new state.
+
+    Args:
+        state: the state after the previous event, or None for a new invocation.
+        event: the event to apply.
+        hash_: the event's chain hash; computed from its canonical encoding when omitted
+            (pass the hash of the stored bytes when replaying upcast events).
+
+    Raises:
+        IllegalTransition, VersionMismatch, ChainBroken, InvalidEvidence.
+
+    """
+    stage = state.stage if state is not None else Stage.NEW
+    version = state.version if state is not None else 0
+    last_hash = state.last_hash if state is not None else GENESIS_HASH
+    kind = event_type(event)
+    dest = next_stage(stage, kind)
+    if dest is None:
+        raise IllegalTransition(f"{kind} is not allowed in {stage.value}")
+    if event.version != version + 1:
+        raise VersionMismatch(f"expected version {version + 1}, got {event.version}")
+    if event.prev_hash != last_hash:
+        raise ChainBroken(f"event {event.version} does not follow the previous event")
+    if isinstance(event, Completed) and event.evidence_status not in EVIDENCE_ALLOWED[dest]:
+        raise InvalidEvidence(f"{event.evidence_status.value} cannot complete an invocation")
+    evidence = EvidenceStatus.ERROR if dest is Stage.ERROR else EvidenceStatus.PENDING
+    lifecycle = {
+        "stage": dest,
+        "status": STATUS_OF[dest],
+        "evidence_status": evidence,
+        "version": event.version,
+        "last_hash": hash_ if hash_ is not None else event_hash(encode_event(event)),
+        "updated_at_ms": event.at_ms,
+    }
+    if state is None:
+        assert isinstance(event, Preflighted)  # the table allows nothing else from NEW
+        merged: dict[str, object] = {}
+    else:
+        merged = msgspec.structs.asdict(state)
+    merged.update(lifecycle)
+    merged.update(event_fields(event))
+    return msgspec.convert(merged, InvocationState, strict=False)
+
+
+def fold_all(events: Iterable[tuple[Event, str]]) -> InvocationState | None:
+    """Fold ``(event, hash)`` pairs from nothing; None when there are no events."""
+    state: InvocationState | None = None
+    for event, hash_ in events:
+        state = fold(state, event, hash_)
+    return state
+
+
+def state_from_record(record: Mapping[str, str]) -> InvocationState:
+    """Read the lifecycle state out of a canonical record's hash fields.
+
+    Raises:
+        msgspec.ValidationError: when the record does not hold a valid state.
+
+    """
+    fields = {name: record[name] for name in InvocationState.__struct_fields__ if name in record}
+    return msgspec.convert(fields, InvocationState, strict=False)
