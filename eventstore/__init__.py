@@ -1,5 +1,16 @@
 """Everything that talks to Redis for writes and audit: the canonical invocation store."""
 
+from eventstore.boundary import ToolBoundary
+from eventstore.contracts import (
+    AgentReply,
+    Projection,
+    RunContext,
+    ToolCall,
+    ToolEnvelope,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
 from eventstore.errors import CanonError, Refused, StoreUnavailable
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.runs import OpenedRun, RunInfo
@@ -7,13 +18,22 @@ from eventstore.store import Store
 from machine.limits import Limits
 
 __all__ = [
+    "AgentReply",
     "CanonError",
     "InvocationRecord",
     "Limits",
     "OpenedRun",
+    "Projection",
     "Refused",
+    "RunContext",
     "RunInfo",
     "Store",
     "StoreUnavailable",
     "StoredEvent",
+    "ToolBoundary",
+    "ToolCall",
+    "ToolEnvelope",
+    "ToolError",
+    "ToolResult",
+    "ToolSpec",
 ]

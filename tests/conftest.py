@@ -161,3 +161,27 @@ async def redis(redis_url: str) -> AsyncIterator[AsyncRedis]:
         yield client
     finally:
         await client.aclose()
+
+
+@pytest.fixture
+async def make_store(redis_url: str, namespace: str) -> AsyncIterator[Any]:
+    """Factory of stores on the session server in this test's namespace, all closed after."""
+    from eventstore.store import Store
+
+    stores: list[Store] = []
+
+    def make(**options: Any) -> Store:
+        options.setdefault("namespace", namespace)
+        store = Store.from_url(redis_url, **options)
+        stores.append(store)
+        return store
+
+    yield make
+    for store in stores:
+        await store.aclose()
+
+
+@pytest.fixture
+async def store(make_store: Any) -> Any:
+    """A store with default settings in this test's namespace."""
+    return make_store()

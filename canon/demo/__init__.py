@@ -1,0 +1,1 @@
+"""The demo: a simulated agent harness driving realistic tools through the store."""

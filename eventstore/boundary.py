@@ -1,0 +1,252 @@
+"""``ToolBoundary``: the one way a harness runs a tool.
+
+Order of one call: preflight (nothing executed, nothing stored) → the creation script
+(run state, pause, duplicate and budgets, checked atomically with the record's creation)
+→ executor → raw response stored complete → projector → bounded result stored → the
+agent receives that result, or a stable error code with its fixed message. Nothing raised
+by a tool, a projector, the input or Redis escapes to the agent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import time
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any, Final
+
+import msgspec
+import structlog
+
+from eventstore.contracts import (
+    AgentReply,
+    Projection,
+    RunContext,
+    ToolCall,
+    ToolEnvelope,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
+from eventstore.errors import RecordExpired, Refused, StoreUnavailable
+from eventstore.store import Store
+from eventstore.writer import Head
+from machine.codes import ErrorCode, EvidenceStatus
+from machine.ids import invocation_id, is_safe_id
+from machine.limits import Limits, utf8_size
+from machine.requests import InvalidRequest, canonical_request
+
+log = structlog.get_logger("canon.boundary")
+
+_encoder: Final = msgspec.json.Encoder()
+_READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
+
+
+class _Stop(Exception):
+    """Ends a call early with an error code (internal control flow)."""
+
+    def __init__(self, code: ErrorCode, rejected_bytes: int | None = None) -> None:
+        super().__init__(code.value)
+        self.code = code
+        self.rejected_bytes = rejected_bytes
+
+
+def encode_raw(value: Any) -> bytes:
+    """Return a raw response's stored bytes: bytes as given, text as UTF-8, else JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return _encoder.encode(value)
+
+
+async def _call(fn: Callable[..., Any], *args: Any, thread: bool) -> Any:
+    if not inspect.iscoroutinefunction(fn) and thread:
+        result = await asyncio.to_thread(fn, *args)
+    else:
+        result = fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class ToolBoundary:
+    """Runs tools for one store with preflight, limits and safe errors.
+
+    Args:
+        store: the canonical store.
+        tools: the tools this boundary may run, by name.
+        store_timeout_s: the longest one store operation may take before the call
+            answers STORE_UNAVAILABLE (default: twice the store's command timeout,
+            which leaves room for its retries).
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        tools: Mapping[str, ToolSpec],
+        *,
+        store_timeout_s: float | None = None,
+    ) -> None:
+        self._store = store
+        self._tools = dict(tools)
+        self._limits: Limits = store.limits
+        self._store_timeout_s = store_timeout_s or store.timeout_s * 2
+
+    async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
+        """Run one tool call and return what the agent may see.
+
+        Never raises for tool, projector, input or store failures; only cancellation
+        propagates.
+        """
+        started = time.perf_counter()
+        try:
+            reply, version = await self._invoke(ctx, envelope)
+        except Exception as exc:  # a bug of ours must still not reach the agent
+            log.error("invocation_crashed", error_type=type(exc).__name__)
+            reply, version = ToolError.of(ErrorCode.STORE_UNAVAILABLE), 0
+        log.info(
+            "invocation_finished",
+            run_id=ctx.run_id if is_safe_id(ctx.run_id) else None,
+            tool_call_id=envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None,
+            tool=envelope.tool if envelope.tool in self._tools else None,
+            status="READY" if isinstance(reply, ToolResult) else "ERROR",
+            error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
+            version=version,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+        return reply
+
+    def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[ToolSpec, bytes]:
+        """Checks that need no I/O, in the order the specification lists them."""
+        if not is_safe_id(envelope.tool_call_id):
+            raise _Stop(ErrorCode.INVALID_TOOL_CALL_ID)
+        if not is_safe_id(ctx.run_id) or envelope.run_id != ctx.run_id:
+            raise _Stop(ErrorCode.RUN_MISMATCH)
+        limits = self._limits
+        try:
+            request = canonical_request(
+                envelope.arguments,
+                max_depth=limits.json_depth,
+                max_text_bytes=4 * limits.request_bytes,
+            )
+        except InvalidRequest:
+            raise _Stop(ErrorCode.INVALID_INPUT) from None
+        except OverflowError:
+            raise _Stop(ErrorCode.REQUEST_TOO_LARGE) from None
+        if len(request) > limits.request_bytes:
+            raise _Stop(ErrorCode.REQUEST_TOO_LARGE)
+        spec = self._tools.get(envelope.tool)
+        if spec is None:
+            raise _Stop(ErrorCode.UNKNOWN_TOOL)
+        if not spec.authorized:
+            raise _Stop(ErrorCode.UNAUTHORIZED)
+        if not spec.read_only:
+            raise _Stop(ErrorCode.NOT_READ_ONLY)
+        return spec, request
+
+    async def _store_op(self, operation: Awaitable[Head]) -> Head:
+        try:
+            async with asyncio.timeout(self._store_timeout_s):
+                return await operation
+        except TimeoutError:
+            raise StoreUnavailable("TimeoutError") from None
+
+    async def _invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[AgentReply, int]:
+        try:
+            spec, request = self._preflight(ctx, envelope)
+        except _Stop as stop:
+            return ToolError.of(stop.code), 0
+        run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
+        try:
+            head = await self._store_op(
+                self._store.writer.create(run_id, tool_call_id, envelope.tool, request)
+            )
+        except Refused as refused:
+            return ToolError.of(refused.error_code or ErrorCode.STORE_UNAVAILABLE), 0
+        except StoreUnavailable:
+            return ToolError.of(ErrorCode.STORE_UNAVAILABLE), 0
+        call = ToolCall(
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            invocation_id=invocation_id(run_id, tool_call_id),
+            tool=envelope.tool,
+        )
+        try:
+            return await self._execute(spec, call, request, head)
+        except RecordExpired:
+            return ToolError.of(ErrorCode.RECORD_EXPIRED), head.version
+        except (StoreUnavailable, Refused):
+            return ToolError.of(ErrorCode.STORE_UNAVAILABLE), head.version
+
+    async def _execute(
+        self, spec: ToolSpec, call: ToolCall, request: bytes, head: Head
+    ) -> tuple[AgentReply, int]:
+        """Executor, raw storage, projector, result storage; failures end in ERROR."""
+        limits = self._limits
+        arguments = msgspec.json.decode(request)
+        try:
+            try:
+                async with asyncio.timeout(spec.timeout_s):
+                    raw_value = await _call(spec.executor, arguments, call, thread=spec.thread)
+            except Exception:
+                raise _Stop(ErrorCode.EXECUTION_FAILED) from None
+            try:
+                raw = encode_raw(raw_value)
+            except (TypeError, ValueError, OverflowError):
+                raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
+            if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
+                raise _Stop(ErrorCode.RESULT_TOO_LARGE, len(raw))
+            head = await self._store_op(self._store.writer.start_projecting(head, raw))
+
+            projection = await self._project(spec, raw_value, call)
+            evidence = EvidenceStatus(projection.evidence_status)
+            try:
+                result = _encoder.encode(projection.result)
+            except (TypeError, ValueError, OverflowError):
+                raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
+            scope_bytes = utf8_size(projection.scope)
+            total = len(request) + len(raw) + len(result) + scope_bytes
+            if (
+                len(result) > limits.result_bytes
+                or scope_bytes > limits.scope_bytes
+                or total > limits.record_bytes
+            ):
+                raise _Stop(ErrorCode.RESULT_TOO_LARGE, len(result))
+            head = await self._store_op(
+                self._store.writer.complete(head, result, evidence, projection.scope)
+            )
+        except _Stop as stop:
+            head = await self._store_op(
+                self._store.writer.fail(head, stop.code, stop.rejected_bytes)
+            )
+            return ToolError.of(stop.code), head.version
+        return (
+            ToolResult(
+                result=projection.result,
+                evidence_status=evidence,
+                scope=projection.scope,
+                invocation_id=call.invocation_id,
+            ),
+            head.version,
+        )
+
+    async def _project(self, spec: ToolSpec, raw_value: Any, call: ToolCall) -> Projection:
+        """Run the projector and check its answer's shape and evidence status."""
+        try:
+            projection = await _call(spec.projector, raw_value, call, thread=False)
+        except Exception:
+            raise _Stop(ErrorCode.PROJECTION_FAILED) from None
+        if not isinstance(projection, Projection) or not isinstance(projection.scope, str):
+            raise _Stop(ErrorCode.PROJECTION_FAILED)
+        try:
+            evidence = EvidenceStatus(projection.evidence_status)
+        except ValueError:
+            raise _Stop(ErrorCode.INVALID_EVIDENCE_STATUS) from None
+        if evidence not in _READY_EVIDENCE:
+            raise _Stop(ErrorCode.INVALID_EVIDENCE_STATUS)
+        try:
+            projection.scope.encode("utf-8")
+        except UnicodeEncodeError:
+            raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
+        return projection

@@ -1,0 +1,128 @@
+"""The harness-facing types: run context, envelope, tool spec, projection and replies.
+
+Executors and projectors are plug-ins; their contracts are the Protocols here. Either may
+be a plain or an async callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus
+
+
+class RunContext(msgspec.Struct, frozen=True):
+    """The harness's explicit knowledge of which run is executing."""
+
+    run_id: str
+
+
+class ToolEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call as the agent framework emitted it.
+
+    Attributes:
+        run_id: the run the framework says the call belongs to.
+        tool_call_id: the framework's own id, used exactly as given (never replaced).
+        tool: the tool's name.
+        arguments: the input, as a mapping or as JSON text of an object.
+    """
+
+    run_id: str
+    tool_call_id: str
+    tool: str
+    arguments: Mapping[str, Any] | str | bytes
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """What an executor and a projector learn about the call they serve."""
+
+    run_id: str
+    tool_call_id: str
+    invocation_id: str
+    tool: str
+
+
+class Projection(msgspec.Struct, frozen=True, kw_only=True):
+    """A projector's answer: the bounded agent result and what it says about evidence.
+
+    Attributes:
+        result: any JSON value; it is all the agent will see.
+        evidence_status: EVIDENCE_FOUND or NO_EVIDENCE (anything else makes the call ERROR).
+        scope: what was searched, so a NO_EVIDENCE result stays a scoped observation.
+    """
+
+    result: Any
+    evidence_status: EvidenceStatus | str
+    scope: str = ""
+
+
+class Executor(Protocol):
+    """Runs the tool and returns its raw response (JSON value, ``str`` or ``bytes``)."""
+
+    def __call__(self, arguments: dict[str, Any], call: ToolCall, /) -> Any | Awaitable[Any]:
+        """Execute the tool."""
+
+
+class Projector(Protocol):
+    """Turns the raw response into a bounded :class:`Projection` for the agent."""
+
+    def __call__(self, raw: Any, call: ToolCall, /) -> Projection | Awaitable[Projection]:
+        """Project the raw response."""
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool the boundary may run.
+
+    Attributes:
+        executor: produces the raw response.
+        projector: produces the bounded agent result from the raw response.
+        read_only: only read-only tools may run; False refuses every call.
+        authorized: False refuses every call before execution.
+        timeout_s: most seconds the executor may take (None: no bound).
+        thread: run a plain (non-async) executor in a worker thread so it cannot block
+            the event loop.
+    """
+
+    executor: Executor
+    projector: Projector
+    read_only: bool = True
+    authorized: bool = True
+    timeout_s: float | None = None
+    thread: bool = True
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):
+    """A successful reply: only the bounded agent result and its evidence status."""
+
+    result: Any
+    evidence_status: EvidenceStatus
+    scope: str
+    invocation_id: str
+
+
+class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_field="status"):
+    """A failed reply: a stable code and its fixed message, nothing else."""
+
+    error_code: ErrorCode
+    message: str
+
+    @classmethod
+    def of(cls, code: ErrorCode) -> ToolError:
+        """Build the reply for ``code`` with its fixed message."""
+        return cls(error_code=code, message=SAFE_MESSAGES[code])
+
+
+AgentReply = ToolResult | ToolError
+
+#: The ``status`` an agent reads on a reply.
+ReplyStatus = Literal["READY", "ERROR"]
+
+
+def reply_to_builtins(reply: AgentReply) -> dict[str, Any]:
+    """Return the reply as plain JSON-ready data (``{"status": ..., ...}``)."""
+    data = msgspec.to_builtins(reply)
+    assert isinstance(data, dict)
+    return data

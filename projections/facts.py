@@ -1,0 +1,164 @@
+"""Run progress: observed facts resolved from the run's ordered canonical identities.
+
+The progress list holds only ``run_id:tool_call_id`` identities of finished calls, in the
+order they finished. Facts are rebuilt by reading each identity's record through the
+store; only READY records of the same run qualify. Neither the list nor a fact holds a
+raw response or a complete agent result: a fact carries ids, the evidence status, the
+scope and the result's digest and size.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Literal, cast
+
+import msgspec
+
+from eventstore.contracts import RunContext
+from eventstore.errors import redis_errors
+from eventstore.store import Store
+from machine.codes import EvidenceStatus, Status
+from machine.ids import invocation_id, is_safe_id
+
+#: Record fields a fact is built from; payload fields are never read.
+_FIELDS: Final = (
+    "run_id",
+    "tool_call_id",
+    "tool",
+    "status",
+    "evidence_status",
+    "scope",
+    "result_sha256",
+    "result_bytes",
+    "updated_at_ms",
+)
+
+FactKind = Literal["evidence", "negative_observation"]
+
+
+class ObservedFact(msgspec.Struct, frozen=True, kw_only=True):
+    """One bounded fact about a READY call of the run.
+
+    ``negative_observation`` facts come from NO_EVIDENCE results: they say that nothing
+    was found within ``scope``, never that something is true.
+    """
+
+    position: int
+    run_id: str
+    tool_call_id: str
+    invocation_id: str
+    tool: str
+    kind: FactKind
+    evidence_status: EvidenceStatus
+    scope: str
+    result_sha256: str
+    result_bytes: int
+    completed_at_ms: int
+
+
+_encoder: Final = msgspec.json.Encoder()
+
+
+def fact_from_fields(
+    position: int, run_id: str, identity: str, values: list[bytes | None]
+) -> ObservedFact | None:
+    """Build the fact of one progress identity, or None when it does not qualify.
+
+    Missing or expired records, identities of another run, and records that are not
+    READY (PROJECTING, ERROR) or whose evidence is not a READY evidence status never
+    become facts.
+    """
+    owner, _, tool_call_id = identity.partition(":")
+    if owner != run_id or not is_safe_id(tool_call_id):
+        return None
+    fields = dict(zip(_FIELDS, values, strict=True))
+    if any(value is None for name, value in fields.items() if name != "scope"):
+        return None
+    text = {name: (value or b"").decode("utf-8", "replace") for name, value in fields.items()}
+    if text["run_id"] != run_id or text["tool_call_id"] != tool_call_id:
+        return None
+    if text["status"] != Status.READY.value:
+        return None
+    if text["evidence_status"] == EvidenceStatus.EVIDENCE_FOUND.value:
+        kind: FactKind = "evidence"
+    elif text["evidence_status"] == EvidenceStatus.NO_EVIDENCE.value:
+        kind = "negative_observation"
+    else:
+        return None
+    try:
+        return ObservedFact(
+            position=position,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            invocation_id=invocation_id(run_id, tool_call_id),
+            tool=text["tool"],
+            kind=kind,
+            evidence_status=EvidenceStatus(text["evidence_status"]),
+            scope=text["scope"],
+            result_sha256=text["result_sha256"],
+            result_bytes=int(text["result_bytes"]),
+            completed_at_ms=int(text["updated_at_ms"]),
+        )
+    except ValueError:
+        return None
+
+
+async def _read_page(
+    store: Store, run_id: str, start: int, count: int
+) -> list[tuple[str, list[bytes | None] | None]]:
+    """Read one page of identities and the fact fields of their records."""
+    keys = store.keys
+    async with redis_errors():
+        page = cast(
+            list[bytes],
+            await store.client.lrange(keys.progress(run_id), start, start + count - 1),
+        )
+        identities = [raw.decode("utf-8", "replace") for raw in page]
+        own = [i for i in identities if i.partition(":")[0] == run_id]
+        async with store.client.pipeline(transaction=False) as pipe:
+            for identity in own:
+                call_id = identity.partition(":")[2]
+                if is_safe_id(call_id):
+                    pipe.hmget(keys.record(run_id, call_id), list(_FIELDS))
+            rows = iter(cast(list[list[bytes | None]], await pipe.execute()))
+    return [
+        (
+            identity,
+            next(rows)
+            if identity.partition(":")[0] == run_id and is_safe_id(identity.partition(":")[2])
+            else None,
+        )
+        for identity in identities
+    ]
+
+
+async def observed_facts(store: Store, ctx: RunContext) -> list[ObservedFact]:
+    """Resolve the run's finished calls into bounded facts, in execution order.
+
+    At most ``store.limits.fact_count`` facts and ``store.limits.facts_bytes`` bytes of
+    encoded facts are returned; later facts are left out rather than cut. The progress
+    list is read in pages, so a long run costs no more memory than one page.
+    """
+    run_id = ctx.run_id
+    if not is_safe_id(run_id):
+        return []
+    limits = store.limits
+    page_size = max(16, limits.fact_count)
+    facts: list[ObservedFact] = []
+    used = 0
+    position = 0
+    while True:
+        page = await _read_page(store, run_id, position, page_size)
+        for identity, values in page:
+            position += 1
+            if values is None:
+                continue
+            fact = fact_from_fields(position, run_id, identity, values)
+            if fact is None:
+                continue
+            size = len(_encoder.encode(fact))
+            if len(facts) >= limits.fact_count or used + size > limits.facts_bytes:
+                return facts
+            facts.append(fact)
+            used += size
+        if len(page) < page_size:
+            return facts

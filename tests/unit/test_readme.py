@@ -1,0 +1,36 @@
+"""The README's front door works as written."""
+
+from __future__ import annotations
+
+import pathlib
+import re
+import subprocess
+import sys
+
+README = pathlib.Path(__file__).parents[2] / "README.md"
+
+
+def test_first_lines_give_the_demo_and_test_commands():
+    """The README opens with the set-up-and-run command and the test command."""
+    lines = README.read_text().splitlines()
+    block = "\n".join(lines[:6])
+    assert "./scripts/demo.sh" in block and "./scripts/test.sh" in block
+    ci = (README.parent / ".ci" / "run").read_text()
+    assert "./scripts/test.sh" in ci
+
+
+def test_harness_example_runs_as_written():
+    """The twenty-line harness example runs and prints only the bounded result."""
+    text = README.read_text()
+    example = re.search(r"## A harness in twenty lines\n\n```python\n(.*?)```", text, re.S)
+    assert example is not None
+    result = subprocess.run(
+        [sys.executable, "-c", example.group(1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "ToolResult(result={'titles': ['Refund policy']}" in result.stdout
+    assert "Refunds within 30 days" not in result.stdout
