@@ -56,7 +56,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``canon`` command line; returns the process exit code."""
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit as exit_:
+        # --help exits 0 and a usage error exits RET_USAGE; both return instead of raising.
+        return exit_.code if isinstance(exit_.code, int) else RET_USAGE
     code: int = args.handler(args)
     return code
 

@@ -13,6 +13,7 @@ from typing import Any, Final
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from machine.events import GENESIS_HASH
 from machine.fold import LIFECYCLE_FIELDS
 from machine.lifecycle import lua_tables
 
@@ -27,11 +28,14 @@ ScriptReply = list[Any]
 
 @cache
 def script_source(name: str) -> str:
-    """Return the source of ``<name>.lua`` with the generated lifecycle tables in place."""
+    """Return the source of ``<name>.lua`` with the generated lifecycle tables and constants."""
     text = resources.files("eventstore").joinpath(f"scripts/{name}.lua").read_text("utf-8")
     if _MARKER in text:
         protected = ", ".join(f'["{field}"] = true' for field in _PROTECTED)
-        generated = f"{lua_tables()}\nlocal PROTECTED = {{ {protected} }}"
+        generated = (
+            f"{lua_tables()}\nlocal PROTECTED = {{ {protected} }}\n"
+            f'local GENESIS_HASH = "{GENESIS_HASH}"'
+        )
         text = text.replace(_MARKER, generated, 1)
     return text
 

@@ -107,7 +107,12 @@ class Store:
         )
 
     async def __aenter__(self) -> Self:
-        await self.check_namespace()
+        try:
+            await self.check_namespace()
+        except BaseException:
+            # ``async with`` skips __aexit__ when entering fails; the pool is ours to close.
+            await self.aclose()
+            raise
         return self
 
     async def __aexit__(

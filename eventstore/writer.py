@@ -133,6 +133,8 @@ class Writer:
                         event.at_ms,
                         self._ttl_ms,
                         self._feed_retention_ms,
+                        event.version,
+                        event.prev_hash,
                         *pairs,
                     ],
                 )

@@ -15,6 +15,7 @@ from typing import Final
 import msgspec
 
 from machine.codes import ErrorCode, EvidenceStatus
+from machine.upcasting import upcast
 
 #: ``prev_hash`` of the first event of every invocation.
 GENESIS_HASH: Final = "0" * 64
@@ -85,8 +86,22 @@ def encode_event(event: Event) -> bytes:
 
 
 def decode_event(data: bytes | str) -> Event:
-    """Decode one stored event of the current schema; raises ``msgspec.DecodeError``."""
-    return _decoder.decode(data)
+    """Decode one stored event, upcast to the current schema; raises ``msgspec.DecodeError``.
+
+    Current-schema events take the typed fast path; older ones are decoded to a dict,
+    upcast by :mod:`machine.upcasting` and converted. Hash the stored bytes, not the result.
+    """
+    try:
+        event = _decoder.decode(data)
+    except msgspec.ValidationError:
+        event = None
+    if event is not None and event.schema == SCHEMA_VERSION:
+        return event
+    obj = msgspec.json.decode(data)
+    if not isinstance(obj, dict):
+        raise msgspec.ValidationError("an event must be a JSON object")
+    upcast_event: Event = msgspec.convert(upcast(obj, SCHEMA_VERSION), Event)
+    return upcast_event
 
 
 def event_type(event: Event) -> str:

@@ -128,20 +128,23 @@ def fold(state: InvocationState | None, event: Event, hash_: str | None = None) 
             (pass the hash of the stored bytes when replaying upcast events).
 
     Raises:
-        IllegalTransition, VersionMismatch, ChainBroken, InvalidEvidence.
+        VersionMismatch, ChainBroken, IllegalTransition, InvalidEvidence, checked in that
+        order (the order append.lua checks them in).
 
     """
     stage = state.stage if state is not None else Stage.NEW
     version = state.version if state is not None else 0
     last_hash = state.last_hash if state is not None else GENESIS_HASH
     kind = event_type(event)
-    dest = next_stage(stage, kind)
-    if dest is None:
-        raise IllegalTransition(f"{kind} is not allowed in {stage.value}")
+    # Same order as append.lua, so Python and Redis give the same reason for a refusal:
+    # a stale writer learns it lost a race (version) before anything else.
     if event.version != version + 1:
         raise VersionMismatch(f"expected version {version + 1}, got {event.version}")
     if event.prev_hash != last_hash:
         raise ChainBroken(f"event {event.version} does not follow the previous event")
+    dest = next_stage(stage, kind)
+    if dest is None:
+        raise IllegalTransition(f"{kind} is not allowed in {stage.value}")
     if isinstance(event, Completed) and event.evidence_status not in EVIDENCE_ALLOWED[dest]:
         raise InvalidEvidence(f"{event.evidence_status.value} cannot complete an invocation")
     evidence = EvidenceStatus.ERROR if dest is Stage.ERROR else EvidenceStatus.PENDING

@@ -10,13 +10,14 @@
 -- ARGV[1] event id           ARGV[2] event hash        ARGV[3] event JSON
 -- ARGV[4] run id             ARGV[5] tool call id      ARGV[6] tool name
 -- ARGV[7] invocation id      ARGV[8] event time (ms)   ARGV[9] record TTL (ms)
--- ARGV[10] feed retention (ms)
--- ARGV[11..] field/value pairs the event sets (payloads included)
+-- ARGV[10] feed retention (ms)  ARGV[11] event version   ARGV[12] previous hash
+-- ARGV[13..] field/value pairs the event sets (payloads included)
 --
--- Reply: {"ok", version, feed entry id, expires_at_ms}
---        {"applied", version, "", expires_at_ms}   the same event id was already applied
---        {"refused", CODE}   CODE is one of RUN_INACTIVE, UNAUTHORIZED, RUN_DEADLINE_EXPIRED,
---        EXECUTION_PAUSED, DUPLICATE_TOOL_CALL, TOOL_BUDGET_EXHAUSTED,
+-- Reply: {"ok", 1, feed entry id, expires_at_ms}
+--        {"applied", 1, "", expires_at_ms}   the same event id was already applied
+--        {"refused", CODE}   CODE is one of DUPLICATE_TOOL_CALL, VERSION_CONFLICT (version
+--        is not 1), CHAIN_BROKEN (previous hash is not the genesis hash), RUN_INACTIVE,
+--        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED,
 --        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
 -- @lifecycle-tables
 
@@ -24,14 +25,17 @@ local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[
 local event_id, event_hash, event_json = ARGV[1], ARGV[2], ARGV[3]
 local run_id, tool_call_id, tool, invocation_id = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local at_ms, ttl_ms, retention_ms = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
+local version, prev_hash = ARGV[11], ARGV[12]
 
-local existing = redis.call('HMGET', record, 'e1', 'version', 'expires_at_ms')
+local existing = redis.call('HMGET', record, 'e1', 'expires_at_ms')
 if existing[1] then
-  if existing[1] == event_id then
-    return {'applied', tonumber(existing[2]), '', tonumber(existing[3])}
-  end
+  -- The Head of a retried event names that event (version 1), as append.lua does.
+  if existing[1] == event_id then return {'applied', 1, '', tonumber(existing[2])} end
   return {'refused', 'DUPLICATE_TOOL_CALL'}
 end
+-- The record's version and last_hash come from this event, so it must be a first event.
+if version ~= '1' then return {'refused', 'VERSION_CONFLICT'} end
+if prev_hash ~= GENESIS_HASH then return {'refused', 'CHAIN_BROKEN'} end
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
@@ -55,7 +59,7 @@ if r[3] and tonumber(r[4] or '0') >= tonumber(r[3]) then
 end
 
 local fields = {}
-for i = 11, #ARGV, 2 do
+for i = 13, #ARGV, 2 do
   local name = ARGV[i]
   if PROTECTED[name] or name == 'evidence_status' or string.match(name, '^e%d+$') then
     return {'refused', 'PROTECTED_FIELD'}

@@ -1,0 +1,80 @@
+"""``canon export RUN_ID``: JSON Lines of a run's records and events, for an auditor.
+
+Payload bytes only with ``--with-payloads``. Written to standard output or ``--output``.
+Exit 0 when the run or any of its invocations was found, 1 when nothing was, 2 on usage
+or connection errors. Read-only: never writes to Redis, never touches a TTL.
+"""
+
+from __future__ import annotations
+
+import argparse
+import pathlib
+import sys
+from contextlib import ExitStack
+from typing import IO
+
+import msgspec
+
+from canon.commands.replay import fail, run_read_only
+from canon.connection import add_connection_args
+from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
+from eventstore.audit_tools import export_run
+from eventstore.store import Store
+from machine.ids import is_safe_id
+
+
+def _handle(args: argparse.Namespace) -> int:
+    if not is_safe_id(args.run_id):
+        fail("RUN_ID must be a safe id (letters, digits, '.', '_', '-')")
+        return RET_USAGE
+    output: pathlib.Path | None = args.output
+
+    async def work(store: Store) -> int:
+        found = False
+        encoder = msgspec.json.Encoder()
+        with ExitStack() as stack:
+            sink: IO[str] = sys.stdout
+            if output is not None:
+                sink = stack.enter_context(output.open("w", encoding="utf-8"))
+            async for line in export_run(store, args.run_id, with_payloads=args.with_payloads):
+                found = found or line.get("present") is True or line["kind"] == "record"
+                sink.write(encoder.encode(line).decode() + "\n")
+        if not found:
+            fail("no run or invocation found with that id (absent or expired)")
+            return RET_PROBLEM
+        return RET_OK
+
+    try:
+        return run_read_only(args, work)
+    except OSError as exc:
+        fail(f"cannot write the output file ({exc.strerror or type(exc).__name__})")
+        return RET_USAGE
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``export`` subcommand."""
+    parser = subparsers.add_parser(
+        "export",
+        help="write a run's records and events as JSON Lines for an auditor",
+        description=(
+            "Write JSON Lines: an export header, the run's registry entry, then for each "
+            "invocation its record metadata (with any integrity problems) followed by its "
+            "stored events, and an end line with counts. Payloads (request, raw response, "
+            "agent result) only with --with-payloads, as UTF-8 text or base64. Read-only."
+        ),
+    )
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to export")
+    parser.add_argument(
+        "--with-payloads",
+        action="store_true",
+        help="include request, raw response and agent result bytes",
+    )
+    parser.add_argument(
+        "--output",
+        type=pathlib.Path,
+        default=None,
+        metavar="FILE",
+        help="write to FILE instead of stdout",
+    )
+    add_connection_args(parser)
+    parser.set_defaults(handler=_handle)

@@ -1,0 +1,220 @@
+"""``canon replay RUN_ID [TOOL_CALL_ID]``: what happened to each call, and is it intact.
+
+Also home of :func:`run_read_only`, the connection glue every read-only audit command
+(replay, verify, export, status) shares: it opens the store without writing a byte and
+turns connection failures into one line on standard error and exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+from collections.abc import Awaitable, Callable
+from datetime import UTC, datetime
+from typing import Any
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from canon.connection import add_connection_args, configured_url
+from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
+from eventstore.audit_tools import InvocationReplay, open_read_only, replay_invocation, replay_run
+from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.store import Store
+from machine.ids import is_safe_id
+
+
+def fail(message: str) -> None:
+    """Write one ``canon: error:`` line to standard error."""
+    print(f"canon: error: {message}", file=sys.stderr)
+
+
+def stdout_console() -> Console:
+    """A console on standard output; wide when not a terminal so ids are never cut."""
+    return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
+
+
+def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[int]]) -> int:
+    """Open the configured store read-only, run ``work`` on it, and return its exit code.
+
+    No Redis configured, invalid settings or an unreachable server give one line on
+    standard error (never the URL or a password) and :data:`RET_USAGE`.
+    """
+    url = configured_url(args)
+    if url is None:
+        fail("no Redis configured: set REDIS_URL or --redis-url")
+        return RET_USAGE
+
+    cluster = bool(getattr(args, "cluster", False))
+
+    async def main() -> int:
+        async with open_read_only(
+            url, namespace=args.namespace, shards=args.shards, cluster=cluster
+        ) as store:
+            return await work(store)
+
+    try:
+        return asyncio.run(main())
+    except InvalidArgument as exc:
+        fail(f"invalid connection settings: {exc}")
+    except StoreUnavailable as exc:
+        fail(f"the Redis server is unavailable ({exc})")
+    return RET_USAGE
+
+
+def iso_ms(at_ms: int | None) -> str:
+    """Format milliseconds since the epoch as ISO-8601 UTC with milliseconds."""
+    if at_ms is None:
+        return "?"
+    moment = datetime.fromtimestamp(at_ms / 1000, UTC)
+    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+
+
+def _short(digest: str | None) -> str:
+    return digest[:12] if digest else ""
+
+
+def _timeline(replay: InvocationReplay) -> Table:
+    table = Table(title="timeline", title_justify="left")
+    for name in ("v", "event", "at (UTC)", "+ms", "payload", "sha256", "event hash", "after"):
+        table.add_column(name, no_wrap=name != "after")
+    first = next((step.at_ms for step in replay.timeline if step.at_ms is not None), None)
+    for step in replay.timeline:
+        payload = ""
+        if step.payload_bytes is not None:
+            payload = f"{step.payload_field or 'rejected'} {step.payload_bytes} B"
+        kind = step.event_type or "undecodable"
+        if step.stored_schema is not None and step.stored_schema != 1:
+            kind += f" (schema {step.stored_schema}, upcast)"
+        if step.detail:
+            kind += f" {step.detail}"
+        after = "not folded"
+        if step.state is not None:
+            state = step.state
+            after = f"{state.stage.value} · {state.status.value} · {state.evidence_status.value}"
+        if step.fold_error and step.state is not None:
+            after += f" [red]({step.fold_error}, folded relinked)[/red]"
+        elif step.fold_error:
+            after = f"[red]refused: {step.fold_error}[/red]"
+        hash_ = _short(step.event_hash)
+        if step.event_hash != step.stored_hash:
+            hash_ = f"[red]{hash_} ≠ stored {_short(step.stored_hash)}[/red]"
+        delta = str(step.at_ms - first) if step.at_ms is not None and first is not None else ""
+        table.add_row(
+            str(step.version or "?"),
+            kind,
+            iso_ms(step.at_ms),
+            delta,
+            payload,
+            _short(step.payload_sha256),
+            hash_,
+            after,
+        )
+    return table
+
+
+def _differences(replay: InvocationReplay) -> list[tuple[str, Any, Any]]:
+    if replay.record is None or replay.folded is None:
+        return []  # a missing side is already stated above the timeline
+    record = msgspec.structs.asdict(replay.record)
+    folded = msgspec.structs.asdict(replay.folded)
+    return [
+        (name, record.get(name), folded.get(name))
+        for name in sorted(record.keys() | folded.keys())
+        if record.get(name) != folded.get(name)
+    ]
+
+
+def print_replay(console: Console, replay: InvocationReplay) -> None:
+    """Print one invocation's replay for a human."""
+    state = replay.record or replay.folded
+    console.rule(f"invocation {replay.invocation_id}")
+    line = f"run {replay.run_id} · call {replay.tool_call_id}"
+    if state is not None:
+        line += f" · tool {state.tool} · status {state.status.value}"
+        line += f" · evidence {state.evidence_status.value}"
+        if state.error_code is not None:
+            line += f" · error {state.error_code.value}"
+    console.print(line)
+    console.print(
+        f"record {'present' if replay.record_present else 'MISSING'}, "
+        f"stream {'present' if replay.stream_present else 'MISSING'}, "
+        f"expires {iso_ms(replay.expires_at_ms)} "
+        f"(PTTL record {replay.record_pttl_ms} ms, stream {replay.stream_pttl_ms} ms)"
+    )
+    console.print(_timeline(replay))
+    differences = _differences(replay) if replay.verdict.record_matches_fold is False else []
+    if differences:
+        table = Table(title="record vs re-folded journal", title_justify="left")
+        for name in ("field", "record", "re-folded"):
+            table.add_column(name)
+        for name, stored, folded in differences:
+            table.add_row(name, str(stored), str(folded))
+        console.print(table)
+    verdict = replay.verdict
+    marks = {True: "[green]✓[/green]", False: "[red]✗[/red]", None: "[yellow]?[/yellow]"}
+    for ok, text in (
+        (verdict.chain_intact, "hash chain intact, record and stream both present"),
+        (verdict.transitions_legal, "every transition legal"),
+        (verdict.record_matches_fold, "record equals the fold of its journal"),
+        (verdict.payload_digests_match, "every payload digest matches"),
+        (verdict.expiry_set, "record and stream expire together"),
+    ):
+        note = " (not judged: no record, no stream, or the journal does not fold)"
+        console.print(f"  {marks[ok]} {text}{note if ok is None else ''}")
+    for problem in replay.problems:
+        console.print(f"  problem: {problem}")
+    console.print("[green]INTACT[/green]" if verdict.intact else "[red]NOT INTACT[/red]")
+
+
+def _handle(args: argparse.Namespace) -> int:
+    if not is_safe_id(args.run_id) or (args.tool_call_id and not is_safe_id(args.tool_call_id)):
+        fail("RUN_ID and TOOL_CALL_ID must be safe ids (letters, digits, '.', '_', '-')")
+        return RET_USAGE
+
+    async def work(store: Store) -> int:
+        if args.tool_call_id:
+            one = await replay_invocation(store, args.run_id, args.tool_call_id)
+            replays = [one] if one is not None else []
+        else:
+            replays = await replay_run(store, args.run_id)
+        intact = bool(replays) and all(replay.verdict.intact for replay in replays)
+        if args.json:
+            document = {"run_id": args.run_id, "intact": intact, "invocations": replays}
+            sys.stdout.write(msgspec.json.encode(document).decode() + "\n")
+        else:
+            console = stdout_console()
+            for replay in replays:
+                print_replay(console, replay)
+            broken = sum(not replay.verdict.intact for replay in replays)
+            if replays:
+                console.print(f"{len(replays)} invocation(s) replayed, {broken} not intact")
+        if not replays:
+            fail("no invocation found for that run (absent or expired)")
+        return RET_OK if intact else RET_PROBLEM
+
+    return run_read_only(args, work)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``replay`` subcommand."""
+    parser = subparsers.add_parser(
+        "replay",
+        help="re-fold a run's invocations from their journals and judge their records",
+        description=(
+            "Show each invocation's timeline (version, event, time, sizes, digests, state "
+            "after each event), the state re-folded through the machine, and a verdict: "
+            "chain intact, every transition legal, record equal to its fold, every payload "
+            "digest matching, expiry set. Read-only: never writes, never touches a TTL. "
+            "Exit 0 when intact, 1 when not (or nothing found), 2 on usage or connection errors."
+        ),
+    )
+    parser.add_argument("run_id", metavar="RUN_ID", help="the run to replay")
+    parser.add_argument(
+        "tool_call_id", metavar="TOOL_CALL_ID", nargs="?", help="replay only this call"
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_connection_args(parser)
+    parser.set_defaults(handler=_handle)

@@ -1,0 +1,86 @@
+"""``canon status``: namespace health at a glance.
+
+Records by status, feed entries, consumer-group lag and pending counts, dead letters,
+memory used, and warnings for an eviction policy other than ``noeviction`` or
+append-only persistence switched off. Exit 0 healthy, 1 with warnings, 2 on usage or
+connection errors. Read-only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from canon.commands.replay import fail, run_read_only, stdout_console
+from canon.connection import add_connection_args
+from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
+from eventstore.audit_tools import NamespaceStatus, namespace_status
+from eventstore.store import Store
+
+
+def print_status(console: Console, status: NamespaceStatus) -> None:
+    """Print the health figures for a human."""
+    console.print(f"namespace {status.namespace} · {status.shards} shards")
+    records = Table(title="records by status", title_justify="left")
+    records.add_column("status")
+    records.add_column("records", justify="right")
+    for name, count in status.records_by_status.items():
+        records.add_row(name, str(count))
+    records.add_row("total", str(status.records))
+    console.print(records)
+    groups = Table(title="projections (consumer groups)", title_justify="left")
+    for name in ("shard", "group", "consumers", "pending", "lag"):
+        groups.add_column(name, justify="left" if name == "group" else "right")
+    for group in status.groups:
+        lag = "?" if group.lag is None else f"{'≥' if group.lag_capped else ''}{group.lag}"
+        groups.add_row(str(group.shard), group.group, str(group.consumers), str(group.pending), lag)
+    if not status.groups:
+        groups.add_row("-", "no consumer groups yet", "", "", "")
+    console.print(groups)
+    console.print(f"feed entries (all shards): {status.feed_entries}")
+    console.print(f"dead letters: {status.dead_letters}")
+    console.print(f"memory used: {status.used_memory_human}")
+    console.print(f"maxmemory-policy: {status.maxmemory_policy} · appendonly: {status.appendonly}")
+    for warning in status.warnings:
+        console.print(f"[yellow]WARNING[/yellow] {warning}")
+    if not status.warnings:
+        console.print("[green]healthy[/green]")
+
+
+def _handle(args: argparse.Namespace) -> int:
+    async def work(store: Store) -> int:
+        if store.cluster is not None:
+            fail(
+                "status scans one server: run it against each primary's URL without "
+                "--cluster (with --shards)"
+            )
+            return RET_USAGE
+        status = await namespace_status(store)
+        if args.json:
+            sys.stdout.write(msgspec.json.encode(status).decode() + "\n")
+        else:
+            print_status(stdout_console(), status)
+        return RET_PROBLEM if status.warnings else RET_OK
+
+    return run_read_only(args, work)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``status`` subcommand."""
+    parser = subparsers.add_parser(
+        "status",
+        help="namespace health: records, feeds, lag, dead letters, memory, settings",
+        description=(
+            "Count records by status (SCAN), sum the shard feeds, show each projection's "
+            "lag and pending entries, dead letters and memory used, and warn when the "
+            "server's maxmemory-policy is not noeviction or appendonly is off. Read-only. "
+            "Exit 0 healthy, 1 with warnings, 2 on usage or connection errors."
+        ),
+    )
+    parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    add_connection_args(parser)
+    parser.set_defaults(handler=_handle)

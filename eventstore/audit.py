@@ -1,0 +1,153 @@
+"""Audit one invocation: does its canonical record match the history its events tell?
+
+The events are re-folded from nothing and the result is compared with the record, field
+by field, together with the hash chain and the payload digests. The verdict is a list of
+problems from a fixed vocabulary (empty when record and history agree), so replay
+tooling can count and report them without ever quoting a payload or a key:
+
+================================ =========================================================
+reason                           meaning
+================================ =========================================================
+``record_without_stream``        the record exists, its event stream does not
+``stream_without_record``        the event stream exists, its record does not
+``undecodable_event:<v>``        the event at position ``v`` is not a valid event
+``hash_mismatch:<v>``            the hash stored beside event ``v`` is not its bytes' hash
+``broken_chain:<v>``             event ``v`` does not name version ``v`` and the hash of
+                                 the event before it (genesis for the first)
+``illegal_transition:<v>``       the lifecycle does not allow event ``v`` where it stands
+``tampered_field:<name>``        the record's field differs from what the events say
+``payload_digest_mismatch:<f>``  payload ``f`` (request, raw, result) does not have the
+                                 SHA-256 and size its event recorded
+================================ =========================================================
+
+``<v>`` is the 1-based position of the event in its stream: the version it must carry.
+Folding stops at an undecodable event or an illegal transition, and the record is then
+not compared (there is no trustworthy state to compare it with).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+import msgspec
+
+from eventstore.reader import StoredEvent
+from machine.events import GENESIS_HASH, payload_digest
+from machine.fold import FoldError, InvocationState, fold
+from machine.ids import invocation_id
+
+#: Record fields holding payload bytes, with the state fields of their digest and size.
+PAYLOAD_FIELDS: Final = {
+    "request": ("request_sha256", "request_bytes"),
+    "raw": ("raw_sha256", "raw_bytes"),
+    "result": ("result_sha256", "result_bytes"),
+}
+#: Record fields the events cannot vouch for (set by the store at creation).
+_UNCHECKED: Final = frozenset({"expires_at_ms"})
+_EVENT_ID_FIELD: Final = re.compile(r"e[1-9][0-9]*")
+
+
+def _normalized(record_fields: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, bytes]:
+    normalized: dict[str, bytes] = {}
+    for name, value in record_fields.items():
+        key = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
+        normalized[key] = value if isinstance(value, bytes) else value.encode()
+    return normalized
+
+
+def _as_record(state: InvocationState) -> dict[str, bytes]:
+    """The record fields a state is stored as: strings of ints and enum values."""
+    fields = msgspec.to_builtins(state)
+    assert isinstance(fields, dict)
+    return {name: str(value).encode() for name, value in fields.items() if value is not None}
+
+
+def _refold(stored_events: Sequence[StoredEvent]) -> tuple[list[str], InvocationState | None]:
+    """Check the chain and fold; return the problems and the state (None if folding stopped)."""
+    problems: list[str] = []
+    state: InvocationState | None = None
+    folding = True
+    prev_hash = GENESIS_HASH
+    for position, stored in enumerate(stored_events, start=1):
+        computed = stored.computed_hash
+        if stored.stored_hash != computed:
+            problems.append(f"hash_mismatch:{position}")
+        event = stored.event
+        if event is None:
+            problems.append(f"undecodable_event:{position}")
+            folding = False
+        else:
+            if event.version != position or event.prev_hash != prev_hash:
+                problems.append(f"broken_chain:{position}")
+            if folding:
+                # The broken link is reported above; relinking lets the fold go on judging
+                # the transitions and the record instead of stopping at the first gap.
+                linked = msgspec.structs.replace(
+                    event,
+                    version=state.version + 1 if state else 1,
+                    prev_hash=state.last_hash if state else GENESIS_HASH,
+                )
+                try:
+                    state = fold(state, linked, computed)
+                except FoldError:
+                    problems.append(f"illegal_transition:{position}")
+                    folding = False
+        prev_hash = computed
+    return problems, state if folding else None
+
+
+def _compare_record(
+    record: dict[str, bytes], state: InvocationState, stored_events: Sequence[StoredEvent]
+) -> list[str]:
+    expected = _as_record(state)
+    expected["invocation_id"] = invocation_id(state.run_id, state.tool_call_id).encode()
+    for position, stored in enumerate(stored_events, start=1):
+        if stored.event is not None:
+            expected[f"e{position}"] = stored.event.event_id.encode()
+    names = [*InvocationState.__struct_fields__, "invocation_id"]
+    names += sorted(
+        {name for name in (*record, *expected) if _EVENT_ID_FIELD.fullmatch(name)},
+        key=lambda name: int(name[1:]),
+    )
+    known = set(names) | set(PAYLOAD_FIELDS) | _UNCHECKED
+    names += sorted(name for name in record if name not in known)
+    problems = [f"tampered_field:{n}" for n in names if record.get(n) != expected.get(n)]
+    for field, (digest_name, size_name) in PAYLOAD_FIELDS.items():
+        digest, size = getattr(state, digest_name), getattr(state, size_name)
+        payload = record.get(field)
+        if payload is None or digest is None:
+            sound = payload is None and digest is None
+        else:
+            sound = (payload_digest(payload), len(payload)) == (digest, size)
+        if not sound:
+            problems.append(f"payload_digest_mismatch:{field}")
+    return problems
+
+
+def verify_against_events(
+    record_fields: Mapping[bytes, bytes] | Mapping[str, str],
+    stored_events: Sequence[StoredEvent],
+) -> list[str]:
+    """Re-fold an invocation's stored events and list where the record disagrees.
+
+    Args:
+        record_fields: the record hash as HGETALL returns it ({} when absent).
+        stored_events: the invocation's stream in order (:meth:`Reader.events`); read it
+            in the same MULTI as the record, or with no writer active, to audit one instant.
+
+    Returns:
+        Problem reasons from the vocabulary in the module docstring, in the order found;
+        empty when the record is exactly what its events fold to.
+
+    """
+    record = _normalized(record_fields)
+    if not stored_events:
+        return ["record_without_stream"] if record else []
+    if not record:
+        return ["stream_without_record"]
+    problems, state = _refold(stored_events)
+    if state is not None:
+        problems += _compare_record(record, state, stored_events)
+    return problems

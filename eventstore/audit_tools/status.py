@@ -1,0 +1,167 @@
+"""Namespace health at a glance: records by status, feeds, consumer lag, dead letters, memory.
+
+Everything is read: SCAN + HGET for the status counts, XLEN and XINFO GROUPS per shard
+feed, XLEN per dead-letter stream, INFO memory and CONFIG GET for the server settings
+this store relies on (``noeviction``; append-only persistence).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Any, Final, cast
+
+import msgspec
+import redis.exceptions
+
+from eventstore.errors import redis_errors
+from eventstore.store import Store
+
+#: Most feed entries read to estimate a group's lag on servers without XINFO ``lag`` (6.2).
+LAG_SCAN_CAP: Final = 10_000
+SCAN_BATCH: Final = 500
+
+
+class GroupLag(msgspec.Struct, frozen=True, kw_only=True):
+    """One consumer group (projection) on one shard feed.
+
+    ``lag`` is the number of feed entries not yet delivered to the group; ``lag_capped``
+    says it is at least that many (counted up to :data:`LAG_SCAN_CAP` on Redis 6.2).
+    """
+
+    shard: int
+    group: str
+    consumers: int
+    pending: int
+    lag: int | None
+    lag_capped: bool = False
+
+
+class NamespaceStatus(msgspec.Struct, frozen=True, kw_only=True):
+    """Health figures of one namespace and the server under it."""
+
+    namespace: str
+    shards: int
+    records_by_status: dict[str, int]
+    records: int
+    feed_entries: int
+    groups: list[GroupLag]
+    dead_letters: int
+    used_memory_human: str
+    maxmemory_policy: str
+    appendonly: str
+    warnings: list[str]
+
+
+def _text(value: object) -> str:
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+async def _config(store: Store, name: str) -> str:
+    try:
+        reply = cast(dict[Any, Any], await store.client.config_get(name))
+    except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
+        return "unknown"
+    for key, value in reply.items():
+        if _text(key) == name:
+            return _text(value)
+    return "unknown"
+
+
+async def _records_by_status(store: Store) -> Counter[str]:
+    counts: Counter[str] = Counter()
+    cursor = 0
+    while True:
+        cursor, found = await store.client.scan(
+            cursor, match=store.keys.scan_pattern("inv"), count=SCAN_BATCH
+        )
+        records = [key for key in cast(list[bytes], found) if not key.endswith(b":ev")]
+        if records:
+            async with store.client.pipeline(transaction=False) as pipe:
+                for key in records:
+                    pipe.hget(key, "status")
+                statuses = await pipe.execute()
+            counts.update(_text(status) for status in statuses if status is not None)
+        if int(cursor) == 0:
+            return counts
+
+
+async def _groups(store: Store, shard: int) -> list[GroupLag]:
+    feed = store.keys.feed(shard)
+    try:
+        infos: list[dict[str, Any]] = await store.client.xinfo_groups(feed)
+    except redis.exceptions.ResponseError:  # no feed yet: "no such key"
+        return []
+    groups = []
+    for info in infos:
+        lag, capped = info.get("lag"), False
+        if lag is None:
+            entries = cast(
+                list[object],
+                await store.client.xrange(
+                    feed, f"({_text(info['last-delivered-id'])}", "+", count=LAG_SCAN_CAP
+                ),
+            )
+            lag, capped = len(entries), len(entries) >= LAG_SCAN_CAP
+        groups.append(
+            GroupLag(
+                shard=shard,
+                group=_text(info["name"]),
+                consumers=int(info["consumers"]),
+                pending=int(info["pending"]),
+                lag=int(lag),
+                lag_capped=capped,
+            )
+        )
+    return groups
+
+
+def health_warnings(status: NamespaceStatus) -> list[str]:
+    """Return what an operator should act on, one sentence each."""
+    warnings = []
+    if status.maxmemory_policy != "noeviction":
+        warnings.append(
+            f"maxmemory-policy is {status.maxmemory_policy}, not noeviction: "
+            "Redis may evict records and event history"
+        )
+    if status.appendonly != "yes":
+        warnings.append(
+            f"appendonly is {status.appendonly}: committed events may be lost on a restart"
+        )
+    if status.dead_letters:
+        warnings.append(f"{status.dead_letters} dead-lettered feed entries need attention")
+    return warnings
+
+
+async def namespace_status(store: Store) -> NamespaceStatus:
+    """Collect the namespace's health figures (read-only).
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    keys = store.keys
+    async with redis_errors():
+        by_status = await _records_by_status(store)
+        async with store.client.pipeline(transaction=False) as pipe:
+            for shard in range(keys.shards):
+                pipe.xlen(keys.feed(shard))
+                pipe.xlen(keys.dead_letters(shard))
+            lengths = cast(list[int], await pipe.execute())
+        groups = [group for shard in range(keys.shards) for group in await _groups(store, shard)]
+        memory: dict[str, Any] = await store.client.info("memory")
+        policy = await _config(store, "maxmemory-policy")
+        appendonly = await _config(store, "appendonly")
+    status = NamespaceStatus(
+        namespace=keys.namespace,
+        shards=keys.shards,
+        records_by_status=dict(sorted(by_status.items())),
+        records=sum(by_status.values()),
+        feed_entries=sum(lengths[0::2]),
+        groups=groups,
+        dead_letters=sum(lengths[1::2]),
+        used_memory_human=_text(memory.get("used_memory_human", "unknown")),
+        maxmemory_policy=policy,
+        appendonly=appendonly,
+        warnings=[],
+    )
+    return msgspec.structs.replace(status, warnings=health_warnings(status))

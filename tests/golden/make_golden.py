@@ -1,0 +1,141 @@
+"""Write the golden event histories and their expected folded records (run once, check in).
+
+    .venv/bin/python tests/golden/make_golden.py
+
+Each ``<name>.jsonl`` holds one event per line, byte for byte as the stream stores it
+(field ``e``); ``<name>.expected.json`` is the folded state as formatted msgspec JSON.
+Regenerate only on purpose: a changed fixture is a changed event shape or fold, and
+records already stored in production keep their old bytes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import pathlib
+from typing import Any
+
+import msgspec
+
+from machine.codes import ErrorCode, EvidenceStatus
+from machine.events import (
+    GENESIS_HASH,
+    Completed,
+    Event,
+    Failed,
+    Preflighted,
+    ProjectingStarted,
+    decode_event,
+    encode_event,
+    event_hash,
+    payload_digest,
+)
+from machine.fold import fold_all
+
+HERE = pathlib.Path(__file__).parent
+T0 = 1_700_000_000_000
+
+
+def render_state(lines: list[bytes]) -> bytes:
+    """Fold stored event lines and return the expected-file bytes of the state."""
+    state = fold_all((decode_event(line), event_hash(line)) for line in lines)
+    return msgspec.json.format(msgspec.json.encode(state), indent=2) + b"\n"
+
+
+class _Chain:
+    """Builds one invocation's stored lines, each linked to the hash of the previous."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.lines: list[bytes] = []
+
+    @property
+    def prev_hash(self) -> str:
+        return event_hash(self.lines[-1]) if self.lines else GENESIS_HASH
+
+    def common(self) -> dict[str, Any]:
+        version = len(self.lines) + 1
+        return {
+            "event_id": hashlib.sha256(f"{self.name}:{version}".encode()).hexdigest()[:32],
+            "version": version,
+            "at_ms": T0 + 250 * version,
+            "prev_hash": self.prev_hash,
+        }
+
+    def add(self, event: Event) -> _Chain:
+        self.lines.append(encode_event(event))
+        return self
+
+    def add_raw(self, obj: dict[str, Any]) -> _Chain:
+        self.lines.append(msgspec.json.encode(obj))
+        return self
+
+    def preflighted(self, request: bytes, tool: str = "search") -> _Chain:
+        return self.add(
+            Preflighted(
+                **self.common(),
+                run_id="run-golden",
+                tool_call_id=f"call-{self.name}",
+                tool=tool,
+                request_sha256=payload_digest(request),
+                request_bytes=len(request),
+            )
+        )
+
+    def projecting(self, raw: bytes) -> _Chain:
+        return self.add(
+            ProjectingStarted(**self.common(), raw_sha256=payload_digest(raw), raw_bytes=len(raw))
+        )
+
+    def completed(self, result: bytes, evidence: EvidenceStatus, scope: str) -> _Chain:
+        return self.add(
+            Completed(
+                **self.common(),
+                result_sha256=payload_digest(result),
+                result_bytes=len(result),
+                evidence_status=evidence,
+                scope=scope,
+            )
+        )
+
+    def failed(self, code: ErrorCode, rejected_bytes: int | None = None) -> _Chain:
+        return self.add(Failed(**self.common(), error_code=code, rejected_bytes=rejected_bytes))
+
+
+def histories() -> dict[str, list[bytes]]:
+    """Return every golden history by name."""
+    request = b'{"query":"canonical records"}'
+    raw = b'{"hits":[{"id":"doc-1","title":"Canonical records"}]}'
+    result = b'{"summary":"1 document found","ids":["doc-1"]}'
+    empty = b'{"summary":"nothing found","ids":[]}'
+    chains = [
+        _Chain("ready")
+        .preflighted(request)
+        .projecting(raw)
+        .completed(result, EvidenceStatus.EVIDENCE_FOUND, "docs:title-search"),
+        _Chain("no-evidence")
+        .preflighted(request, tool="lookup")
+        .projecting(b'{"hits":[]}')
+        .completed(empty, EvidenceStatus.NO_EVIDENCE, "docs:exact-id"),
+        _Chain("error-executing").preflighted(request).failed(ErrorCode.EXECUTION_FAILED),
+        _Chain("error-projecting")
+        .preflighted(request)
+        .projecting(raw)
+        .failed(ErrorCode.RESULT_TOO_LARGE, rejected_bytes=20_480),
+    ]
+    legacy = _Chain("legacy-schema0").preflighted(request, tool="flaky")
+    # Schema 0 ``Failed`` (a test-fixture legacy shape): ``code``, no ``rejected_bytes``.
+    legacy.add_raw({"type": "Failed", "code": "EXECUTION_FAILED", **legacy.common(), "schema": 0})
+    chains.append(legacy)
+    return {chain.name: chain.lines for chain in chains}
+
+
+def main() -> None:
+    """Write every history and its expected state beside this script."""
+    for name, lines in histories().items():
+        (HERE / f"{name}.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
+        (HERE / f"{name}.expected.json").write_bytes(render_state(lines))
+        print(f"wrote {name}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,154 @@
+"""Shared test helpers: hand-built events, stores on a test namespace, key inspection."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from typing import Any, cast
+
+from redis.asyncio import Redis
+
+from eventstore.store import Store
+from machine.codes import ErrorCode, EvidenceStatus, Stage
+from machine.events import (
+    GENESIS_HASH,
+    Completed,
+    Event,
+    Failed,
+    Preflighted,
+    ProjectingStarted,
+    payload_digest,
+)
+from machine.fold import InvocationState, fold
+
+#: The tool every test run grants unless it says otherwise.
+TOOL = "lookup"
+
+#: Payloads of the legal path, one per event type that carries one.
+REQUEST = b'{"q":"request-bytes"}'
+RAW = b'{"raw":"response-bytes"}'
+RESULT = b'{"result":"agent-bytes"}'
+PAYLOADS: dict[str, bytes] = {
+    "Preflighted": REQUEST,
+    "ProjectingStarted": RAW,
+    "Completed": RESULT,
+}
+
+#: Event types on the way from NEW into each stage.
+PATH_TO: dict[Stage, tuple[str, ...]] = {
+    Stage.NEW: (),
+    Stage.EXECUTING: ("Preflighted",),
+    Stage.PROJECTING: ("Preflighted", "ProjectingStarted"),
+    Stage.READY: ("Preflighted", "ProjectingStarted", "Completed"),
+    Stage.ERROR: ("Preflighted", "Failed"),
+}
+
+
+def make_event(
+    kind: str,
+    state: InvocationState | None,
+    *,
+    run_id: str = "run-1",
+    tool_call_id: str = "call-1",
+    version: int | None = None,
+    prev_hash: str | None = None,
+    evidence: EvidenceStatus = EvidenceStatus.EVIDENCE_FOUND,
+    event_id: str | None = None,
+    at_ms: int = 1_700_000_000_000,
+) -> Event:
+    """Build an event of type ``kind`` that follows ``state`` unless told otherwise."""
+    common: dict[str, Any] = {
+        "event_id": event_id or os.urandom(8).hex(),
+        "version": version if version is not None else (state.version + 1 if state else 1),
+        "at_ms": at_ms,
+        "prev_hash": prev_hash
+        if prev_hash is not None
+        else (state.last_hash if state else GENESIS_HASH),
+    }
+    payload = PAYLOADS.get(kind, b"")
+    if kind == "Preflighted":
+        return Preflighted(
+            **common,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=TOOL,
+            request_sha256=payload_digest(payload),
+            request_bytes=len(payload),
+        )
+    if kind == "ProjectingStarted":
+        return ProjectingStarted(
+            **common, raw_sha256=payload_digest(payload), raw_bytes=len(payload)
+        )
+    if kind == "Completed":
+        return Completed(
+            **common,
+            result_sha256=payload_digest(payload),
+            result_bytes=len(payload),
+            evidence_status=evidence,
+            scope="docs",
+        )
+    if kind == "Failed":
+        return Failed(**common, error_code=ErrorCode.EXECUTION_FAILED, rejected_bytes=7)
+    raise ValueError(kind)
+
+
+def fold_path(
+    stage: Stage, *, run_id: str = "run-1", tool_call_id: str = "call-1"
+) -> InvocationState | None:
+    """Fold the legal path into ``stage`` from nothing (None for NEW)."""
+    state: InvocationState | None = None
+    for kind in PATH_TO[stage]:
+        state = fold(state, make_event(kind, state, run_id=run_id, tool_call_id=tool_call_id))
+    return state
+
+
+@asynccontextmanager
+async def open_store(
+    url: str, namespace: str, *, shards: int = 4, ttl: timedelta = timedelta(minutes=5)
+) -> AsyncIterator[Store]:
+    """A store on the test's namespace, its pool closed on exit."""
+    async with Store.from_url(url, namespace=namespace, shards=shards, ttl=ttl) as store:
+        yield store
+
+
+async def commandstats(client: Redis) -> dict[str, int]:
+    """Return calls per command from ``INFO commandstats`` (lowercase names)."""
+    info: dict[str, Any] = await client.info("commandstats")
+    calls: dict[str, int] = {}
+    for name, stats in info.items():
+        command = name.removeprefix("cmdstat_")
+        if isinstance(stats, dict):
+            calls[command] = int(stats["calls"])
+        else:  # older clients leave the value as "calls=1,usec=..."
+            calls[command] = int(str(stats).split(",")[0].split("=")[1])
+    return calls
+
+
+async def namespace_keys(client: Redis, namespace: str) -> list[bytes]:
+    """Every key of ``namespace`` (SCAN, never KEYS)."""
+    return sorted([key async for key in client.scan_iter(match=f"{namespace}:*", count=1000)])
+
+
+async def key_values(client: Redis, key: bytes) -> list[bytes]:
+    """Every field name and value stored under ``key``, whatever its type."""
+    kind = cast(bytes, await client.type(key)).decode()
+    values: list[Any]
+    if kind == "hash":
+        values = [part for pair in (await client.hgetall(key)).items() for part in pair]
+    elif kind == "stream":
+        entries = cast(list[tuple[bytes, dict[bytes, bytes]]], await client.xrange(key))
+        values = [part for _, fields in entries for pair in fields.items() for part in pair]
+    elif kind == "list":
+        values = list(await client.lrange(key, 0, -1))
+    elif kind == "string":
+        values = [await client.get(key)]
+    elif kind == "set":
+        values = list(await client.smembers(key))
+    elif kind == "zset":
+        values = list(await client.zrange(key, 0, -1))
+    else:
+        raise AssertionError(f"unexpected key type {kind}")
+    assert all(isinstance(value, bytes) for value in values)
+    return values

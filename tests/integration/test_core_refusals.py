@@ -1,0 +1,190 @@
+"""Refusals create nothing; a namespace keeps its shard count; scripts survive SCRIPT FLUSH."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+
+import pytest
+from redis.asyncio import Redis
+
+from eventstore.errors import NamespaceMismatch, RecordExpired, Refused
+from eventstore.store import Store
+from eventstore.writer import Head
+from machine.codes import ErrorCode, EvidenceStatus
+from machine.events import GENESIS_HASH
+from tests.helpers import RAW, REQUEST, RESULT, TOOL, namespace_keys, open_store
+
+RUN = "run-1"
+Setup = Callable[[Store], Awaitable[None]]
+
+
+@pytest.fixture
+async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+    """A store on the test's namespace (no run opened)."""
+    async with open_store(redis_url, namespace) as store:
+        yield store
+
+
+async def _inactive(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    assert await store.close_run(RUN)
+
+
+async def _paused(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    await store.set_paused(True)
+    assert await store.is_paused()
+
+
+async def _past_deadline(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(milliseconds=150))
+    await asyncio.sleep(0.25)
+
+
+async def _tool_budget_spent(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={TOOL: 1})
+    await store.writer.create(RUN, "call-0", TOOL, REQUEST)
+
+
+async def _run_budget_spent(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5), budget=1)
+    await store.writer.create(RUN, "call-0", "other_tool", REQUEST)
+
+
+async def _tool_budget_zero(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={TOOL: 0})
+
+
+async def _tool_not_granted(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={"other_tool": None})
+
+
+async def _tool_revoked(store: Store) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={TOOL: None})
+    assert await store.runs.revoke_tool(RUN, TOOL)
+
+
+async def _unknown_run(store: Store) -> None:
+    return None
+
+
+_CASES: list[tuple[str, Setup, ErrorCode]] = [
+    ("inactive", _inactive, ErrorCode.RUN_INACTIVE),
+    ("unknown-run", _unknown_run, ErrorCode.RUN_INACTIVE),
+    ("paused", _paused, ErrorCode.EXECUTION_PAUSED),
+    ("past-deadline", _past_deadline, ErrorCode.RUN_DEADLINE_EXPIRED),
+    ("tool-budget-spent", _tool_budget_spent, ErrorCode.TOOL_BUDGET_EXHAUSTED),
+    ("tool-budget-zero", _tool_budget_zero, ErrorCode.TOOL_BUDGET_EXHAUSTED),
+    ("run-budget-spent", _run_budget_spent, ErrorCode.RUN_BUDGET_EXHAUSTED),
+    ("tool-not-granted", _tool_not_granted, ErrorCode.UNAUTHORIZED),
+    ("tool-revoked", _tool_revoked, ErrorCode.UNAUTHORIZED),
+]
+
+
+@pytest.mark.parametrize(("setup", "code"), [c[1:] for c in _CASES], ids=[c[0] for c in _CASES])
+async def test_refused_creation_creates_nothing(
+    store: Store, redis: Redis, setup: Setup, code: ErrorCode
+) -> None:
+    """A refused creation raises its code and leaves no record, stream, feed entry or spend."""
+    await setup(store)
+    info_before = await store.run_info(RUN)
+    keys_before = await namespace_keys(redis, store.keys.namespace)
+    feed_before = await redis.xlen(store.keys.feed_of(RUN))
+    with pytest.raises(Refused) as refused:
+        await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    assert refused.value.code == code.value
+    assert refused.value.error_code is code
+    record, stream = store.keys.record(RUN, "call-1"), store.keys.stream(RUN, "call-1")
+    assert await redis.exists(record, stream) == 0
+    assert await namespace_keys(redis, store.keys.namespace) == keys_before
+    assert await redis.xlen(store.keys.feed_of(RUN)) == feed_before
+    assert await store.run_info(RUN) == info_before
+
+
+async def test_resuming_execution_lets_calls_through(store: Store) -> None:
+    """After set_paused(False) the same call is accepted."""
+    await _paused(store)
+    with pytest.raises(Refused):
+        await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    await store.set_paused(False)
+    assert not await store.is_paused()
+    head = await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    assert head.version == 1
+
+
+async def test_update_of_a_missing_record_creates_nothing(store: Store, redis: Redis) -> None:
+    """Every update of a record that never existed raises RecordExpired and writes no key."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    keys_before = await namespace_keys(redis, store.keys.namespace)
+    ghost = Head(
+        run_id=RUN,
+        tool_call_id="ghost",
+        version=1,
+        last_hash=GENESIS_HASH,
+        entry_id="",
+        expires_at_ms=0,
+    )
+    with pytest.raises(RecordExpired):
+        await store.writer.start_projecting(ghost, RAW)
+    with pytest.raises(RecordExpired):
+        await store.writer.complete(ghost, RESULT, EvidenceStatus.EVIDENCE_FOUND, "docs")
+    with pytest.raises(RecordExpired) as expired:
+        await store.writer.fail(ghost, ErrorCode.EXECUTION_FAILED)
+    assert expired.value.error_code is ErrorCode.RECORD_EXPIRED
+    assert await namespace_keys(redis, store.keys.namespace) == keys_before
+
+
+async def test_update_of_a_record_without_its_stream_creates_nothing(
+    store: Store, redis: Redis
+) -> None:
+    """A record whose stream is gone counts as expired; the stream is not re-created."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    head = await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    await redis.delete(store.keys.stream(RUN, "call-1"))
+    with pytest.raises(RecordExpired):
+        await store.writer.start_projecting(head, RAW)
+    assert await redis.exists(store.keys.stream(RUN, "call-1")) == 0
+
+
+async def test_other_shard_count_on_a_namespace_is_refused(redis_url: str, namespace: str) -> None:
+    """A second store with a different shard count fails on entry with NamespaceMismatch."""
+    async with open_store(redis_url, namespace, shards=4):
+        pass
+    other = Store.from_url(redis_url, namespace=namespace, shards=8)
+    with pytest.raises(NamespaceMismatch):
+        async with other:
+            pytest.fail("entered a namespace with the wrong shard count")
+    # A failed entry closes its own pool instead of leaking connections.
+    assert not any(c.is_connected for c in other.client.connection_pool._available_connections)
+    async with open_store(redis_url, namespace, shards=4) as same:
+        assert same.keys.shards == 4
+
+
+async def test_writes_survive_script_flush(store: Store, redis: Redis) -> None:
+    """After SCRIPT FLUSH the next writes reload their scripts and succeed."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    head = await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    await redis.script_flush()
+    assert await redis.script_exists(store.scripts.append.sha) == [False]
+    head = await store.writer.start_projecting(head, RAW)
+    await redis.script_flush()
+    head = await store.writer.complete(head, RESULT, EvidenceStatus.EVIDENCE_FOUND, "docs")
+    await redis.script_flush()
+    assert (await store.writer.create(RUN, "call-2", TOOL, REQUEST)).version == 1
+    record = await store.get(RUN, "call-1")
+    assert record is not None and record.state.version == head.version == 3
+
+
+async def test_concurrent_writes_survive_script_flush(store: Store, redis: Redis) -> None:
+    """After SCRIPT FLUSH, 20 concurrent creates (sent in shared round trips) all succeed."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    await store.writer.create(RUN, "call-0", TOOL, REQUEST)
+    await redis.script_flush()
+    heads = await asyncio.gather(
+        *(store.writer.create(RUN, f"call-{i}", TOOL, REQUEST) for i in range(1, 21))
+    )
+    assert [head.version for head in heads] == [1] * 20
+    info = await store.run_info(RUN)
+    assert info is not None and info.used_total == 21
