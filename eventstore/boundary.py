@@ -105,17 +105,24 @@ class ToolBoundary:
         except Exception as exc:  # a bug of ours must still not reach the agent
             log.error("invocation_crashed", error_type=type(exc).__name__)
             reply, version = ToolError.of(ErrorCode.STORE_UNAVAILABLE), 0
+        run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
+        tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
         log.info(
             "invocation_finished",
-            run_id=ctx.run_id if is_safe_id(ctx.run_id) else None,
-            tool_call_id=envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None,
-            tool=envelope.tool if envelope.tool in self._tools else None,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            invocation_id=invocation_id(run_id, tool_call_id) if run_id and tool_call_id else None,
+            tool=envelope.tool if self._spec_of(envelope) is not None else None,
             status="READY" if isinstance(reply, ToolResult) else "ERROR",
             error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
             version=version,
             duration_ms=round((time.perf_counter() - started) * 1000, 3),
         )
         return reply
+
+    def _spec_of(self, envelope: ToolEnvelope) -> ToolSpec | None:
+        """The named tool's spec, or None (also for a name that is not even a string)."""
+        return self._tools.get(envelope.tool) if isinstance(envelope.tool, str) else None
 
     def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[ToolSpec, bytes]:
         """Checks that need no I/O, in the order the specification lists them."""
@@ -136,7 +143,7 @@ class ToolBoundary:
             raise _Stop(ErrorCode.REQUEST_TOO_LARGE) from None
         if len(request) > limits.request_bytes:
             raise _Stop(ErrorCode.REQUEST_TOO_LARGE)
-        spec = self._tools.get(envelope.tool)
+        spec = self._spec_of(envelope)
         if spec is None:
             raise _Stop(ErrorCode.UNKNOWN_TOOL)
         if not spec.authorized:

@@ -14,7 +14,8 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         result_bytes: the bounded agent result.
         record_bytes: request + raw + result + scope of one record together.
         scope_bytes: the projection's scope description.
-        json_depth: deepest nesting accepted in a request.
+        json_depth: deepest nesting of arrays and objects accepted in a request (the
+            request object itself is level 1; scalars add no level).
         fact_count: most facts returned by one run-progress read.
         facts_bytes: most bytes of fact text returned by one run-progress read.
 

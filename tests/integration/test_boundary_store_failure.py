@@ -1,0 +1,199 @@
+"""Redis down, paused, killed or failing: the agent gets STORE_UNAVAILABLE in bounded time,
+never a hang or an exception, and the boundary recovers by itself once Redis is back."""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import time
+from collections.abc import AsyncIterator, Iterator
+from typing import Any
+
+import msgspec
+import pytest
+from redis.asyncio import Redis
+
+from eventstore import RunContext, Store, ToolBoundary, ToolCall
+from eventstore.embedded import EmbeddedRedis, ServerBinary
+from machine.codes import ErrorCode, Status
+from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
+from tests.support.tools import FakeTool
+
+#: Per-command timeout of the stores under test; the boundary allows twice this per write.
+TIMEOUT_S = 0.3
+#: Generous bound on one failing call: retries and backoff included, far from a hang.
+BOUND_S = 5.0
+#: How long CLIENT PAUSE holds the server (CLIENT UNPAUSE itself is held by a pause ALL).
+PAUSE_MS = 3000
+
+
+@pytest.fixture
+def server(server_binary: ServerBinary) -> Iterator[EmbeddedRedis]:
+    """A private Redis of each supported version that survives SIGKILL (AOF, fsync always)."""
+    embedded = EmbeddedRedis(server_binary, appendonly=True, appendfsync="always")
+    embedded.start()
+    try:
+        yield embedded
+    finally:
+        embedded.stop()
+
+
+@pytest.fixture
+async def admin(server: EmbeddedRedis) -> AsyncIterator[Redis]:
+    """A plain client of the private server, for pausing and configuring it."""
+    client = Redis.from_url(server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def own_store(server: EmbeddedRedis, namespace: str) -> AsyncIterator[Store]:
+    """A store with a short command timeout on the private server, with the run opened."""
+    store = Store.from_url(server.url, namespace=namespace, timeout_s=TIMEOUT_S)
+    try:
+        await open_run(store)
+        yield store
+    finally:
+        await store.aclose()
+
+
+def assert_unavailable(reply: Any, namespace: str) -> None:
+    """STORE_UNAVAILABLE with its fixed message, carrying no Redis text or key."""
+    assert_safe_error(reply, ErrorCode.STORE_UNAVAILABLE)
+    encoded = msgspec.json.encode(reply)
+    for fragment in (namespace, "{s", "canon:", "Error", "OOM", "refused", "127.0.0.1", "LOADING"):
+        assert fragment.encode() not in encoded, fragment
+
+
+async def timed_invoke(boundary: ToolBoundary, call_id: str) -> tuple[Any, float]:
+    """Invoke and measure; the call itself is bounded so a hang fails the test, not the run."""
+    started = time.perf_counter()
+    reply = await asyncio.wait_for(
+        boundary.invoke(RunContext(RUN), envelope(call_id)), timeout=BOUND_S * 4
+    )
+    return reply, time.perf_counter() - started
+
+
+async def test_redis_down_before_the_call(own_store: Store, server: EmbeddedRedis, namespace: str):
+    """With the server stopped, a call answers STORE_UNAVAILABLE within the bound and runs
+    nothing; after a restart the same boundary serves calls again."""
+    tool = FakeTool()
+    boundary = ToolBoundary(own_store, {TOOL: tool.spec()})
+    server.kill()
+
+    reply, elapsed = await timed_invoke(boundary, "c1")
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < BOUND_S and tool.executed == 0
+    server.start()
+    assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
+
+
+async def test_unreachable_store_answers_quickly(namespace: str):
+    """A store whose address nothing listens on answers STORE_UNAVAILABLE within the bound."""
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    store = Store.from_url(f"redis://127.0.0.1:{port}/0", namespace=namespace, timeout_s=TIMEOUT_S)
+    try:
+        tool = FakeTool()
+        reply, elapsed = await timed_invoke(ToolBoundary(store, {TOOL: tool.spec()}), "c1")
+    finally:
+        await store.aclose()
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < BOUND_S and tool.executed == 0
+
+
+async def pause(admin: Redis) -> float:
+    """Pause every client of the server for PAUSE_MS; return when the pause ends (monotonic)."""
+    await admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
+    return time.monotonic() + PAUSE_MS / 1000
+
+
+async def wait_until(instant: float) -> None:
+    """Sleep until a monotonic instant (plus a little slack)."""
+    await asyncio.sleep(max(0.0, instant - time.monotonic()) + 0.1)
+
+
+async def test_redis_paused_before_the_call(own_store: Store, admin: Redis, namespace: str):
+    """A server paused (CLIENT PAUSE ALL) longer than the timeout makes the call
+    STORE_UNAVAILABLE before the pause ends; afterwards calls run again."""
+    tool = FakeTool()
+    boundary = ToolBoundary(own_store, {TOOL: tool.spec()})
+    pause_ends = await pause(admin)
+
+    reply, elapsed = await timed_invoke(boundary, "c1")
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < PAUSE_MS / 1000 - 0.5 and tool.executed == 0
+    await wait_until(pause_ends)
+    assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
+
+
+async def test_redis_paused_mid_call(own_store: Store, admin: Redis, namespace: str):
+    """A server paused while the executor runs makes the call STORE_UNAVAILABLE before the
+    pause ends, and the projector never runs; afterwards the boundary recovers."""
+    tool = FakeTool()
+    pause_ends: list[float] = []
+
+    async def pausing_executor(arguments: dict[str, Any], call: ToolCall) -> Any:
+        if call.tool_call_id == "c1":
+            pause_ends.append(await pause(admin))
+        return {"rows": 1}
+
+    boundary = ToolBoundary(
+        own_store, {TOOL: msgspec.structs.replace(tool.spec(), executor=pausing_executor)}
+    )
+
+    reply, elapsed = await timed_invoke(boundary, "c1")
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < PAUSE_MS / 1000 - 0.5 and tool.projected == 0
+    await wait_until(pause_ends[0])
+    assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
+
+
+async def test_redis_killed_while_the_executor_runs(
+    own_store: Store, server: EmbeddedRedis, namespace: str
+):
+    """A server killed during execution makes the call STORE_UNAVAILABLE; the record is left
+    PROJECTING (never a guessed READY) and, once the server is back, new calls succeed."""
+    tool = FakeTool()
+
+    def killing_executor(arguments: dict[str, Any], call: ToolCall) -> Any:
+        if call.tool_call_id == "c1":
+            server.kill()
+        return {"rows": 1}
+
+    boundary = ToolBoundary(
+        own_store, {TOOL: msgspec.structs.replace(tool.spec(), executor=killing_executor)}
+    )
+
+    reply, elapsed = await timed_invoke(boundary, "c1")
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < BOUND_S and tool.projected == 0
+    server.start()
+    record = await own_store.get(RUN, "c1")
+    assert record is not None and record.state.status is Status.PROJECTING
+    assert record.raw is None
+    assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
+
+
+async def test_redis_refusing_writes(own_store: Store, admin: Redis, namespace: str):
+    """A server that fails commands (out of memory under noeviction) gives STORE_UNAVAILABLE
+    without its error text; once memory is allowed again calls run."""
+    tool = FakeTool()
+    boundary = ToolBoundary(own_store, {TOOL: tool.spec()})
+    await admin.config_set("maxmemory", 1)
+    try:
+        reply, elapsed = await timed_invoke(boundary, "c1")
+    finally:
+        await admin.config_set("maxmemory", 0)
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < BOUND_S and tool.executed == 0
+    assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"

@@ -1,0 +1,77 @@
+"""Helpers for boundary tests: open a run, build envelopes, check refusals and key sets."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import msgspec
+from redis.asyncio import Redis
+
+from eventstore import RunContext, Store, ToolBoundary, ToolEnvelope, ToolError, ToolResult
+from machine.codes import SAFE_MESSAGES, ErrorCode
+from tests.support.tools import FakeTool, namespace_keys
+
+#: The run most boundary tests use.
+RUN = "run-a"
+#: The tool name most boundary tests register.
+TOOL = "search"
+#: The arguments an envelope gets when none are given.
+DEFAULT_ARGUMENTS: Any = {"q": 1}
+_UNSET: Any = object()
+
+
+async def open_run(store: Store, run_id: str = RUN, **options: Any) -> None:
+    """Open ``run_id`` with a five-minute deadline unless told otherwise."""
+    options.setdefault("deadline", timedelta(minutes=5))
+    await store.open_run(run_id, **options)
+
+
+def envelope(
+    call_id: str = "call_1", *, tool: str = TOOL, run_id: str = RUN, arguments: Any = _UNSET
+) -> ToolEnvelope:
+    """An envelope of ``run_id`` (arguments default to :data:`DEFAULT_ARGUMENTS`)."""
+    return ToolEnvelope(
+        run_id=run_id,
+        tool_call_id=call_id,
+        tool=tool,
+        arguments=DEFAULT_ARGUMENTS if arguments is _UNSET else arguments,
+    )
+
+
+def outcome(reply: ToolResult | ToolError) -> str:
+    """``READY`` for a success, else the error code's value."""
+    return "READY" if isinstance(reply, ToolResult) else reply.error_code.value
+
+
+def assert_safe_error(reply: ToolResult | ToolError, code: ErrorCode) -> None:
+    """The reply is exactly the fixed-message error of ``code`` and nothing more."""
+    assert isinstance(reply, ToolError), reply
+    assert reply.error_code is code
+    assert reply.message == SAFE_MESSAGES[code]
+    assert msgspec.json.decode(msgspec.json.encode(reply)) == {
+        "status": "ERROR",
+        "error_code": code.value,
+        "message": SAFE_MESSAGES[code],
+    }
+
+
+async def assert_refused_before_execution(
+    boundary: ToolBoundary,
+    tool: FakeTool,
+    call: ToolEnvelope,
+    code: ErrorCode,
+    *,
+    redis: Redis,
+    namespace: str,
+    ctx: RunContext | None = None,
+) -> None:
+    """Invoking ``call`` answers ``code``, runs nothing, and leaves every key as it was."""
+    before = await namespace_keys(redis, namespace)
+    executed, projected = tool.executed, tool.projected
+
+    reply = await boundary.invoke(ctx or RunContext(RUN), call)
+
+    assert_safe_error(reply, code)
+    assert (tool.executed, tool.projected) == (executed, projected)
+    assert await namespace_keys(redis, namespace) == before
