@@ -55,5 +55,7 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
             logging.getLevelNamesMapping()[level.upper()]
         ),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
-        cache_logger_on_first_use=True,
+        # Not cached: a cached logger ignores later reconfiguration (tests, embedding
+        # processes); the lazy proxy costs a few microseconds per event.
+        cache_logger_on_first_use=False,
     )
