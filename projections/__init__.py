@@ -1,0 +1,28 @@
+"""Consumer-group workers over the shard feeds: receipts, run progress, the receipt API.
+
+Workers turn committed events into read-only receipts and per-run progress views,
+copying no raw payload; the HTTP API serves the receipts.
+"""
+
+from projections.facts import ObservedFact, observed_facts
+from projections.feed import FeedEntry, Outcome
+from projections.http import create_app
+from projections.progress import ProgressWorker, RunView, read_view
+from projections.receipt_worker import ReceiptWorker
+from projections.receipts import Receipt, build_receipt
+from projections.runtime import Worker
+
+__all__ = [
+    "FeedEntry",
+    "ObservedFact",
+    "Outcome",
+    "ProgressWorker",
+    "Receipt",
+    "ReceiptWorker",
+    "RunView",
+    "Worker",
+    "build_receipt",
+    "create_app",
+    "observed_facts",
+    "read_view",
+]

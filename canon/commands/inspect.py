@@ -1,0 +1,79 @@
+"""``canon inspect INVOCATION_ID``: print one invocation's read-only receipt as JSON.
+
+The invocation is looked up through its run, named by the run's access token
+(``--run-token``, or ``CANON_RUN_TOKEN``) as the HTTP API does, or by ``--run-id`` for an
+operator. Nothing is written: the store is opened read-only and the receipt is the
+materialized one when it is current, else built from the record and its journal.
+Exit 0 with the receipt, 1 when it cannot be shown, 2 on usage or connection errors.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from typing import Final
+
+import msgspec
+
+from canon.commands.replay import fail, run_read_only
+from canon.connection import add_connection_args
+from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
+from eventstore.store import Store
+from machine.ids import is_invocation_id
+from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
+from projections.receipts import encode_receipt
+
+TOKEN_ENV: Final = "CANON_RUN_TOKEN"  # noqa: S105 (the variable's name, not a secret)
+
+
+async def _run_id(store: Store, args: argparse.Namespace) -> str | None:
+    if args.run_id is not None:
+        return str(args.run_id)
+    run_id = await store.runs.authenticate(args.run_token or os.environ.get(TOKEN_ENV, ""))
+    if run_id is None:
+        return None
+    run = await store.runs.info(run_id)
+    return run_id if run is not None and run.active else None
+
+
+def _handle(args: argparse.Namespace) -> int:
+    if not is_invocation_id(args.invocation_id):
+        fail("INVOCATION_ID must be 64 lowercase hex digits")
+        return RET_USAGE
+    if args.run_id is None and not (args.run_token or os.environ.get(TOKEN_ENV)):
+        fail(f"name the run with --run-token (or {TOKEN_ENV}) or --run-id")
+        return RET_USAGE
+
+    async def work(store: Store) -> int:
+        run_id = await _run_id(store, args)
+        if run_id is None:
+            fail("unauthorized: the run token is not valid for an open run")
+            return RET_PROBLEM
+        try:
+            receipt = await inspect_invocation(store, run_id, args.invocation_id)
+        except InvocationNotFound:
+            fail("invocation_not_found: no invocation with this id is visible to this run")
+            return RET_PROBLEM
+        except CapabilityChanged:
+            fail("capability_changed: the invocation's tool is no longer authorized")
+            return RET_PROBLEM
+        sys.stdout.write(msgspec.json.format(encode_receipt(receipt), indent=2).decode() + "\n")
+        return RET_OK
+
+    return run_read_only(args, work)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``inspect`` subcommand."""
+    parser = subparsers.add_parser(
+        "inspect",
+        help="print one invocation's read-only receipt (JSON)",
+        description=__doc__,
+    )
+    parser.add_argument("invocation_id", metavar="INVOCATION_ID", help="64 lowercase hex")
+    who = parser.add_mutually_exclusive_group()
+    who.add_argument("--run-token", default=None, help=f"the run's access token (${TOKEN_ENV})")
+    who.add_argument("--run-id", default=None, help="the run, for an operator")
+    add_connection_args(parser)
+    parser.set_defaults(handler=_handle)

@@ -1,0 +1,103 @@
+"""``canon serve``: the read-only receipt HTTP API, optionally with the workers.
+
+Serves ``GET /v1/invocations/inspection-capabilities`` and
+``GET /v1/invocations/<invocation id>/receipt`` with uvicorn. With ``--with-workers``
+the receipt and progress workers run in the same process. SIGTERM or SIGINT stops the
+server and lets the workers settle their batches; the process then exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import signal
+import sys
+from typing import Any
+
+import structlog
+
+from canon.commands.workers import (
+    add_logging_args,
+    add_worker_args,
+    build_workers,
+    serving_metrics,
+    setup_logging,
+)
+from canon.connection import ConnectionSettingsError, add_connection_args, open_store
+from canon.exitcodes import RET_OK, RET_USAGE
+from eventstore.errors import CanonError, StoreUnavailable
+from projections.http import create_app
+from projections.metrics import Metrics
+from projections.supervisor import ReceiptServer
+
+log = structlog.get_logger("canon.serve")
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``serve`` subcommand."""
+    parser = subparsers.add_parser(
+        "serve",
+        help="serve the read-only receipt HTTP API (optionally with the workers)",
+        description=__doc__,
+    )
+    add_connection_args(parser, embedded=True)
+    parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
+    parser.add_argument("--port", type=int, default=8080, help="port to bind (8080)")
+    parser.add_argument(
+        "--with-workers", action="store_true", help="also run the projection workers"
+    )
+    add_worker_args(parser)
+    add_logging_args(parser)
+    parser.set_defaults(handler=run)
+
+
+async def _serve(args: argparse.Namespace) -> None:
+    async with open_store(args, embedded=True) as store:
+        metrics = Metrics()
+        server = ReceiptServer(create_app(store, metrics=metrics), host=args.host, port=args.port)
+        workers = build_workers(store, args, metrics) if args.with_workers else []
+
+        def stop(signum: signal.Signals) -> None:
+            log.info("shutdown_requested", signal=signum.name)
+            server.stop()
+            for worker in workers:
+                worker.stop()
+
+        loop = asyncio.get_running_loop()
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(signum, stop, signum)
+        with serving_metrics(metrics, args.metrics_port):
+            async with asyncio.TaskGroup() as group:
+                for worker in workers:
+                    group.create_task(worker.run())
+                group.create_task(_announce(server))
+                await server.serve()
+                log.info("server_stopped")
+                for worker in workers:
+                    worker.stop()
+
+
+async def _announce(server: ReceiptServer) -> None:
+    """Log the bound address once the server listens (or give up when it stops first)."""
+    while not server.started:
+        if server.should_exit:
+            return
+        await asyncio.sleep(0.01)
+    log.info("server_started", host=server.config.host, port=server.port)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve until SIGTERM or SIGINT; exit 0 after a graceful stop."""
+    setup_logging(args)
+    try:
+        asyncio.run(_serve(args))
+    except ConnectionSettingsError as exc:
+        print(f"canon: error: {exc}", file=sys.stderr)
+        return RET_USAGE
+    except StoreUnavailable:
+        print("canon: error: the Redis server is unavailable", file=sys.stderr)
+        return RET_USAGE
+    except (CanonError, ValueError) as exc:
+        print(f"canon: error: {exc}", file=sys.stderr)
+        return RET_USAGE
+    return RET_OK

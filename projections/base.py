@@ -1,0 +1,77 @@
+"""What every scripted projection shares: its name, its scripts and the settling of entries."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Final
+
+from eventstore.store import Store
+from projections.feed import Outcome
+from projections.scripts import ProjectionScripts
+from projections.snapshot import now_ms
+
+#: Most dead letters kept per shard; older ones are trimmed by length.
+DEAD_LETTER_CAP: Final = 10_000
+
+
+class BaseProjection:
+    """A projection whose writes are the scripts in ``projections/scripts``."""
+
+    def __init__(self, store: Store, name: str) -> None:
+        self.store = store
+        self._name = name
+        self.scripts = ProjectionScripts(store.client)
+
+    @property
+    def name(self) -> str:
+        """The projection's name, also its consumer group name."""
+        return self._name
+
+    def position_key(self, shard: int) -> str:
+        """This projection's position hash in ``shard``."""
+        return self.store.keys.position(shard, self._name)
+
+    async def settle(self, shard: int, entry_id: str, counter: str) -> Outcome:
+        """Acknowledge an entry that yields no output, counting it under ``counter``."""
+        keys = self.store.keys
+        outcome, _ = await self.scripts.settle(
+            [self.position_key(shard), keys.feed(shard)],
+            group=self._name,
+            entry_id=entry_id,
+            counter=counter,
+            now=now_ms(),
+        )
+        if outcome == "duplicate":
+            return Outcome.DUPLICATE
+        return Outcome.EXPIRED
+
+    async def dead_letter(
+        self,
+        shard: int,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        *,
+        reason: str,
+        error: str,
+        deliveries: int,
+    ) -> bool:
+        """Move an entry to the shard's dead letters and acknowledge it.
+
+        Returns False when the entry had already been settled by another consumer.
+        """
+        keys = self.store.keys
+        args: list[str | int | bytes] = [
+            self._name,
+            entry_id,
+            reason,
+            error,
+            deliveries,
+            now_ms(),
+            DEAD_LETTER_CAP,
+        ]
+        for name, value in fields.items():
+            args += (b"f:" + name, value)
+        outcome, _ = await self.scripts.dead_letter(
+            [keys.dead_letters(shard), self.position_key(shard), keys.feed(shard)], args
+        )
+        return outcome == "dead"

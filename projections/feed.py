@@ -1,0 +1,116 @@
+"""What a projection consumes: shard feed entries, and the contract a projection fulfils.
+
+A feed entry is the small notification ``create.lua``/``append.lua`` add for every
+committed event: run id, tool call id, version, event type and public status. It never
+carries a payload; projections read what they need from the record itself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from enum import StrEnum
+from typing import Protocol
+
+import msgspec
+
+from machine.codes import Status
+from machine.events import EVENT_TYPES
+from machine.ids import is_safe_id
+
+
+class MalformedEntry(ValueError):
+    """Raised when a feed entry lacks a field or holds a value no writer produces."""
+
+
+class Outcome(StrEnum):
+    """How a projection settled one delivered entry (each is acknowledged)."""
+
+    APPLIED = "applied"
+    STALE = "stale"
+    EXPIRED = "expired"
+    DUPLICATE = "duplicate"
+
+
+class FeedEntry(msgspec.Struct, frozen=True, kw_only=True):
+    """One parsed shard feed entry.
+
+    Attributes:
+        shard: the shard whose feed holds the entry.
+        entry_id: the feed stream entry id.
+        run_id: the run of the invocation.
+        tool_call_id: the framework's tool call id.
+        version: the version the committed event gave the invocation.
+        event_type: the event's permanent tag.
+        status: the public status after the event.
+
+    """
+
+    shard: int
+    entry_id: str
+    run_id: str
+    tool_call_id: str
+    version: int
+    event_type: str
+    status: Status
+
+    @classmethod
+    def parse(cls, shard: int, entry_id: str, fields: Mapping[bytes, bytes]) -> FeedEntry:
+        """Parse the raw fields of a feed entry.
+
+        Raises:
+            MalformedEntry: a field is missing or invalid.
+
+        """
+        try:
+            text = {k.decode(): v.decode() for k, v in fields.items()}
+            entry = cls(
+                shard=shard,
+                entry_id=entry_id,
+                run_id=text["r"],
+                tool_call_id=text["c"],
+                version=int(text["v"]),
+                event_type=text["t"],
+                status=Status(text["s"]),
+            )
+        except (KeyError, ValueError, UnicodeDecodeError):
+            raise MalformedEntry("feed entry has missing or invalid fields") from None
+        if not (is_safe_id(entry.run_id) and is_safe_id(entry.tool_call_id)):
+            raise MalformedEntry("feed entry names an unsafe id")
+        if entry.version < 1 or entry.event_type not in EVENT_TYPES:
+            raise MalformedEntry("feed entry has an invalid version or event type")
+        return entry
+
+
+class Projection(Protocol):
+    """A consumer of the shard feeds (one Redis consumer group, named after it).
+
+    ``apply`` must write its output, move its per-shard position and acknowledge the
+    entry in one atomic step, and must be idempotent: applying an entry again, or an
+    older one after a newer one, never regresses the output. It may raise; the entry
+    then stays pending and is delivered again.
+    """
+
+    @property
+    def name(self) -> str:
+        """The projection's name, also its consumer group name."""
+
+    async def apply(self, entry: FeedEntry) -> Outcome:
+        """Project one entry; return how it was settled."""
+
+    async def settle(self, shard: int, entry_id: str, counter: str) -> Outcome:
+        """Acknowledge an entry that yields no output (its stream entry is gone)."""
+
+    async def dead_letter(
+        self,
+        shard: int,
+        entry_id: str,
+        fields: Mapping[bytes, bytes],
+        *,
+        reason: str,
+        error: str,
+        deliveries: int,
+    ) -> bool:
+        """Move an entry to the dead letters and acknowledge it; False if already settled."""
+
+    async def applied_version(self, run_id: str, tool_call_id: str) -> int:
+        """Return the version of the invocation this projection reflects (0 for none)."""

@@ -1,0 +1,125 @@
+"""The consumer-group commands a worker issues on one shard feed, errors translated.
+
+Redis errors become :class:`StoreUnavailable` carrying only the exception type; a group
+deleted under a running worker (NOGROUP) is created again rather than failing the worker.
+"""
+
+from __future__ import annotations
+
+from typing import Any, cast
+
+import redis.exceptions
+from redis.asyncio import ConnectionPool, Redis
+
+from eventstore.errors import StoreUnavailable, redis_errors
+from eventstore.store import Store
+
+#: A delivered entry: its id and fields (None or empty when the stream entry is gone).
+Entry = tuple[str, dict[bytes, bytes] | None]
+
+
+def _text(value: bytes | str) -> str:
+    return value.decode() if isinstance(value, bytes) else value
+
+
+async def ensure_group(client: Redis, feed: str, group: str) -> None:
+    """Create ``group`` on ``feed`` from its first entry (the feed too); keep an existing one."""
+    try:
+        await client.xgroup_create(feed, group, id="0", mkstream=True)
+    except redis.exceptions.ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise StoreUnavailable(type(exc).__name__) from None
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
+
+
+async def read_group(
+    client: Redis,
+    feed: str,
+    group: str,
+    consumer: str,
+    *,
+    start: str,
+    count: int,
+    block_ms: int | None,
+) -> list[Entry]:
+    """XREADGROUP on one feed: ``start`` ``>`` for new entries, ``0``.. for own pending ones."""
+    try:
+        reply: Any = await client.xreadgroup(
+            group, consumer, {feed: start}, count=count, block=block_ms
+        )
+    except redis.exceptions.ResponseError as exc:
+        if "NOGROUP" in str(exc):
+            await ensure_group(client, feed, group)
+            return []
+        raise StoreUnavailable(type(exc).__name__) from None
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
+    if not reply:
+        return []
+    return [(_text(entry_id), fields) for entry_id, fields in reply[0][1]]
+
+
+async def claim_idle(
+    client: Redis,
+    feed: str,
+    group: str,
+    consumer: str,
+    *,
+    min_idle_ms: int,
+    cursor: str,
+    count: int,
+) -> tuple[str, list[Entry], int]:
+    """XAUTOCLAIM one page; return the next cursor, the named entries and the page size.
+
+    Redis 6.2 answers entries deleted from the stream as nil (they stay pending, now
+    ours); they are counted in the page size but cannot be named here.
+    """
+    async with redis_errors():
+        reply = await client.xautoclaim(feed, group, consumer, min_idle_ms, cursor, count=count)
+    named = [(_text(entry_id), fields) for entry_id, fields in reply[1] if entry_id is not None]
+    return _text(reply[0]), named, len(reply[1])
+
+
+async def deliveries(
+    client: Redis, feed: str, group: str, consumer: str, entries: list[Entry]
+) -> dict[str, int]:
+    """Return the delivery count of each entry pending for ``consumer``."""
+    if not entries:
+        return {}
+    async with redis_errors(), client.pipeline(transaction=False) as pipe:
+        for entry_id, _ in entries:
+            pipe.xpending_range(feed, group, entry_id, entry_id, 1, consumer)
+        replies = cast(list[list[dict[str, Any]]], await pipe.execute())
+    return {
+        _text(row["message_id"]): int(row["times_delivered"]) for reply in replies for row in reply
+    }
+
+
+async def retire_consumer(client: Redis, feed: str, group: str, consumer: str) -> bool:
+    """Delete ``consumer`` from ``group`` if it has no pending entry; True when deleted."""
+    async with redis_errors():
+        consumers = await client.xinfo_consumers(feed, group)
+        mine = [c for c in consumers if _text(c["name"]) == consumer]
+        if not mine or int(mine[0]["pending"]) != 0:
+            return False
+        await client.xgroup_delconsumer(feed, group, consumer)
+    return True
+
+
+def blocking_client(store: Store, block_ms: int, connections: int) -> tuple[Redis, int]:
+    """A client for blocking reads whose socket timeout exceeds the block, and the block.
+
+    On a single server a pool of its own is opened (close it with ``aclose``); a cluster
+    client shares the store's timeout, so the store's client is returned with a block
+    well under that timeout.
+    """
+    if store.cluster is not None:
+        return store.client, max(1, min(block_ms, int(store.timeout_s * 500)))
+    pool = store.client.connection_pool
+    kwargs = dict(pool.connection_kwargs)
+    kwargs["socket_timeout"] = block_ms / 1000 + store.timeout_s
+    connection_pool = ConnectionPool(
+        connection_class=pool.connection_class, max_connections=connections, **kwargs
+    )
+    return Redis.from_pool(connection_pool), block_ms

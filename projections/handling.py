@@ -1,0 +1,142 @@
+"""Settling delivered feed entries: apply, count, remember failures, dead-letter.
+
+An entry whose projection raises is left pending, so it comes back (to this consumer's
+next drain or to whoever claims it once idle); past ``max_deliveries`` it is moved to
+the shard's dead-letter stream with the last error type seen, and acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections import Counter
+from collections.abc import Mapping
+from typing import Final
+
+import structlog
+
+from eventstore.writer import Head
+from projections.feed import FeedEntry, Outcome, Projection
+from projections.groups import Entry
+from projections.metrics import Metrics
+
+log = structlog.get_logger("canon.projections")
+
+#: Last error type per failing entry, kept for dead letters; bounded.
+_ERROR_MEMORY: Final = 1024
+
+
+class EntryHandler:
+    """Applies delivered entries to one projection and keeps the outcome counters."""
+
+    def __init__(
+        self,
+        projection: Projection,
+        *,
+        max_deliveries: int,
+        throttle_ms: int = 0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        self.projection = projection
+        self.max_deliveries = max_deliveries
+        self.throttle_ms = throttle_ms
+        self.metrics = metrics
+        self.counters: Counter[str] = Counter()
+        self._errors: dict[str, str] = {}
+
+    @property
+    def name(self) -> str:
+        """The projection's name."""
+        return self.projection.name
+
+    async def handle_all(
+        self, shard: int, entries: list[Entry], deliveries: Mapping[str, int]
+    ) -> None:
+        """Settle a batch in order; ``deliveries`` gives known delivery counts (default 1)."""
+        # A batch is always finished, even after stop(): its entries are then acked.
+        for entry_id, fields in entries:
+            await self.handle(shard, entry_id, fields, deliveries.get(entry_id, 1))
+
+    async def handle(
+        self, shard: int, entry_id: str, fields: dict[bytes, bytes] | None, deliveries: int
+    ) -> None:
+        """Settle one delivered entry; a failure is counted and leaves it pending."""
+        projection = self.projection
+        try:
+            if not fields:
+                self._count(await projection.settle(shard, entry_id, "gone"))
+                return
+            if deliveries > self.max_deliveries:
+                await self._dead_letter(shard, entry_id, fields, deliveries)
+                return
+            entry = FeedEntry.parse(shard, entry_id, fields)
+            if self.throttle_ms:
+                await asyncio.sleep(self.throttle_ms / 1000)
+            self._count(await projection.apply(entry))
+            self._errors.pop(entry_id, None)
+        except Exception as exc:
+            # Any failure leaves the entry pending: it is retried, then dead-lettered.
+            self.counters["failed"] += 1
+            if self.metrics is not None:
+                self.metrics.failures.labels(self.name).inc()
+            if len(self._errors) >= _ERROR_MEMORY:
+                self._errors.pop(next(iter(self._errors)))
+            self._errors[entry_id] = type(exc).__name__
+            log.warning(
+                "entry_failed",
+                projection=self.name,
+                shard=shard,
+                entry_id=entry_id,
+                deliveries=deliveries,
+                error=type(exc).__name__,
+            )
+
+    async def _dead_letter(
+        self, shard: int, entry_id: str, fields: dict[bytes, bytes], deliveries: int
+    ) -> None:
+        error = self._errors.pop(entry_id, "unknown")
+        moved = await self.projection.dead_letter(
+            shard,
+            entry_id,
+            fields,
+            reason="max_deliveries_exceeded",
+            error=error,
+            deliveries=deliveries,
+        )
+        if not moved:
+            self._count(Outcome.DUPLICATE)
+            return
+        self.counters["dead"] += 1
+        if self.metrics is not None:
+            self.metrics.dead_letters.labels(self.name).inc()
+        log.warning(
+            "entry_dead_lettered",
+            projection=self.name,
+            shard=shard,
+            entry_id=entry_id,
+            deliveries=deliveries,
+            error=error,
+        )
+
+    def _count(self, outcome: Outcome) -> None:
+        self.counters[outcome.value] += 1
+        if self.metrics is not None:
+            self.metrics.events_projected.labels(self.name, outcome.value).inc()
+            if outcome is Outcome.EXPIRED:
+                self.metrics.expired_entries.labels(self.name).inc()
+
+
+async def wait_for(projection: Projection, head: Head, *, timeout_s: float = 5.0) -> bool:
+    """Poll ``projection`` until it reflects ``head.version`` of its invocation.
+
+    Returns True once it does, False when ``timeout_s`` passes first.
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    delay = 0.005
+    while True:
+        if await projection.applied_version(head.run_id, head.tool_call_id) >= head.version:
+            return True
+        if loop.time() >= deadline:
+            return False
+        await asyncio.sleep(min(delay, max(0.0, deadline - loop.time())))
+        delay = min(delay * 2, 0.1)

@@ -1,0 +1,171 @@
+"""The read-only receipt HTTP API (Starlette; served by uvicorn).
+
+``GET /v1/invocations/inspection-capabilities`` and
+``GET /v1/invocations/<64 lowercase hex>/receipt``. Checks run in this order: every answer
+carries ``Cache-Control: no-store``; the run's Bearer token (from the Authorization header
+only) must name an open run, else 401; the path must match exactly, else 404 before any
+record is read; any query string is refused with 400 before any record is read; the
+invocation is looked up through the token's run only (404 ``invocation_not_found`` for
+absent, expired and other runs' invocations alike); a tool revoked since the call gives
+409. A store failure is 503, anything unexpected 500, neither with details. There is no
+pause check: inspection works while execution is paused.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any, Final
+
+import msgspec
+import structlog
+from starlette.applications import Starlette
+from starlette.middleware import Middleware
+from starlette.requests import Request
+from starlette.responses import Response
+from starlette.routing import Route
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from eventstore.errors import StoreUnavailable
+from eventstore.runs import RunInfo
+from eventstore.store import Store
+from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
+from projections.metrics import Metrics
+from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt
+
+log = structlog.get_logger("canon.http")
+
+CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
+_RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([a-f0-9]{64})/receipt")
+_MAX_TOKEN_CHARS: Final = 512
+_CAPABILITIES: Final = msgspec.json.encode(
+    {"schema_version": CAPABILITIES_SCHEMA, "receipt_schema": RECEIPT_SCHEMA, "read_only": True}
+)
+_QUERY_MESSAGE: Final = "Invocation inspection does not accept query parameters."
+_NOT_FOUND_MESSAGE: Final = "No invocation with this id is visible to this run."
+_CHANGED_MESSAGE: Final = "The invocation's tool is no longer authorized for this run."
+
+
+def _json(status: int, body: bytes | dict[str, Any]) -> Response:
+    content = body if isinstance(body, bytes) else msgspec.json.encode(body)
+    return Response(content, status_code=status, media_type="application/json")
+
+
+def _error(status: int, code: str, message: str | None = None) -> Response:
+    body = {"error": code} if message is None else {"error": code, "message": message}
+    return _json(status, body)
+
+
+class NoStoreMiddleware:
+    """Adds ``Cache-Control: no-store`` to every response, whatever produced it."""
+
+    def __init__(self, app: ASGIApp) -> None:
+        self.app = app
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Pass the request on; rewrite the response headers as they go out."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+
+        async def send_no_store(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                headers = [
+                    (name, value)
+                    for name, value in message.get("headers", [])
+                    if name.lower() != b"cache-control"
+                ]
+                headers.append((b"cache-control", b"no-store"))
+                message = {**message, "headers": headers}
+            await send(message)
+
+        await self.app(scope, receive, send_no_store)
+
+
+def bearer_token(request: Request) -> str | None:
+    """Return the Bearer token of the one Authorization header, or None."""
+    values = request.headers.getlist("authorization")
+    if len(values) != 1:
+        return None
+    scheme, _, token = values[0].partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token or len(token) > _MAX_TOKEN_CHARS:
+        return None
+    return token
+
+
+async def _open_run(store: Store, request: Request) -> RunInfo | None:
+    token = bearer_token(request)
+    if token is None:
+        return None
+    run_id = await store.runs.authenticate(token)
+    if run_id is None:
+        return None
+    run = await store.runs.info(run_id)
+    # Closing a run withdraws its token, for inspection as for calls.
+    return run if run is not None and run.active else None
+
+
+async def _answer(store: Store, request: Request) -> tuple[Response, str]:
+    run = await _open_run(store, request)
+    if run is None:
+        return _error(401, "unauthorized"), "unauthorized"
+    path: str = request.scope["path"]
+    match = _RECEIPT_PATH.fullmatch(path)
+    route = "receipt" if match else "capabilities" if path == CAPABILITIES_PATH else "other"
+    if request.method != "GET" or route == "other":
+        return _error(404, "not_found"), "other"
+    if request.scope.get("query_string"):
+        return _error(400, "invalid_request", _QUERY_MESSAGE), route
+    if match is None:
+        return _json(200, _CAPABILITIES), route
+    try:
+        receipt = await inspect_invocation(store, run.run_id, match.group(1), run=run)
+    except InvocationNotFound:
+        return _error(404, "invocation_not_found", _NOT_FOUND_MESSAGE), route
+    except CapabilityChanged:
+        return _error(409, "capability_changed", _CHANGED_MESSAGE), route
+    return _json(200, encode_receipt(receipt)), route
+
+
+class _Endpoint:
+    """An ASGI endpoint: Starlette routes every method to it, so all get the same checks."""
+
+    def __init__(self, answer: Callable[[Request], Awaitable[Response]]) -> None:
+        self._answer = answer
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        response = await self._answer(Request(scope, receive))
+        await response(scope, receive, send)
+
+
+def create_app(store: Store, *, metrics: Metrics | None = None) -> Starlette:
+    """Build the receipt API over ``store`` (which the caller opens and closes).
+
+    Args:
+        store: the store to read; the app never writes to it.
+        metrics: where request latency is recorded, if anywhere.
+
+    """
+
+    async def answer(request: Request) -> Response:
+        started = time.perf_counter()
+        route = "other"
+        try:
+            response, route = await _answer(store, request)
+        except StoreUnavailable:
+            response = _error(503, "store_unavailable")
+        except Exception as exc:
+            log.error("request_failed", error=type(exc).__name__)
+            response = _error(500, "internal_error")
+        if metrics is not None:
+            metrics.http_latency.labels(route, str(response.status_code)).observe(
+                time.perf_counter() - started
+            )
+        return response
+
+    return Starlette(
+        routes=[Route("/{path:path}", _Endpoint(answer))],
+        middleware=[Middleware(NoStoreMiddleware)],
+    )

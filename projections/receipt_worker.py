@@ -1,0 +1,68 @@
+"""The receipt projection: materializes each invocation's receipt from its record.
+
+The receipt of an invocation lives at ``keys.receipt(run_id, invocation_id)`` as a hash
+(``version``, ``receipt`` JSON, ``updated_at_ms``). It expires with its record: the
+script copies the record's absolute expiry once, when it creates the receipt. It is
+versioned by the record's version, so a late or repeated feed entry never regresses it.
+"""
+
+from __future__ import annotations
+
+from typing import Final, Unpack, cast
+
+from eventstore.errors import redis_errors
+from eventstore.store import Store
+from machine.ids import invocation_id
+from projections.base import BaseProjection
+from projections.feed import FeedEntry, Outcome
+from projections.receipts import encode_receipt
+from projections.runtime import Worker, WorkerOptions
+from projections.snapshot import now_ms, read_snapshot, receipt_of
+
+RECEIPT_PROJECTION: Final = "receipts"
+
+
+class ReceiptProjection(BaseProjection):
+    """Builds receipts with :func:`build_receipt` and stores them version-guarded."""
+
+    def __init__(self, store: Store, name: str = RECEIPT_PROJECTION) -> None:
+        super().__init__(store, name)
+
+    async def apply(self, entry: FeedEntry) -> Outcome:
+        """Rebuild the entry's receipt from the record as it is now; store it if newer."""
+        store, keys = self.store, self.store.keys
+        snapshot = await read_snapshot(store, entry.run_id, entry.tool_call_id)
+        if not snapshot.fields:
+            return await self.settle(entry.shard, entry.entry_id, "expired")
+        receipt = receipt_of(store, snapshot)
+        outcome, _ = await self.scripts.receipt_put(
+            [
+                keys.receipt(entry.run_id, invocation_id(entry.run_id, entry.tool_call_id)),
+                keys.record(entry.run_id, entry.tool_call_id),
+                self.position_key(entry.shard),
+                keys.feed(entry.shard),
+            ],
+            group=self.name,
+            entry_id=entry.entry_id,
+            version=snapshot.version,
+            body=encode_receipt(receipt),
+            now=now_ms(),
+        )
+        return Outcome(outcome)
+
+    async def applied_version(self, run_id: str, tool_call_id: str) -> int:
+        """Return the version of the materialized receipt (0 when there is none)."""
+        key = self.store.keys.receipt(run_id, invocation_id(run_id, tool_call_id))
+        async with redis_errors():
+            value = cast(bytes | None, await self.store.client.hget(key, "version"))
+        return int(value) if value is not None else 0
+
+
+class ReceiptWorker(Worker):
+    """A :class:`Worker` running the :class:`ReceiptProjection` (group ``receipts``).
+
+    ``await worker.wait_for(head)`` returns once the receipt reflects ``head``.
+    """
+
+    def __init__(self, store: Store, **options: Unpack[WorkerOptions]) -> None:
+        super().__init__(store, ReceiptProjection(store), **options)

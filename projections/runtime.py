@@ -1,0 +1,315 @@
+"""The worker runtime: one consumer of one projection's group on every shard feed it owns.
+
+Per shard, a worker first drains its own pending entries (left by an earlier run under
+the same consumer name), then loops: take over entries idle longer than ``min_idle_ms``
+(XAUTOCLAIM; a crashed consumer's work), read new entries (XREADGROUP ``>`` with BLOCK).
+Each shard is read on its own, so the worker also runs against a Redis Cluster. The
+projection acknowledges an entry in the same script that writes its output; an entry
+whose projection raises stays pending and comes back, until its delivery count passes
+``max_deliveries`` and it is moved to the shard's dead-letter stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+from collections import Counter
+from collections.abc import Sequence
+from typing import Final, TypedDict
+
+import structlog
+from redis.asyncio import Redis
+
+from eventstore.errors import StoreUnavailable
+from eventstore.store import Store
+from eventstore.writer import Head
+from projections.feed import Projection
+from projections.groups import (
+    Entry,
+    blocking_client,
+    claim_idle,
+    deliveries,
+    ensure_group,
+    read_group,
+    retire_consumer,
+)
+from projections.handling import EntryHandler, wait_for
+from projections.lag import ShardLag, shard_lag, trim_feeds
+from projections.metrics import Metrics
+
+log = structlog.get_logger("canon.projections")
+
+_RETRY_PAUSE_S: Final = 0.5
+
+
+class WorkerOptions(TypedDict, total=False):
+    """Keyword options of :class:`Worker` (see its arguments)."""
+
+    consumer: str | None
+    shards: Sequence[int] | None
+    block_ms: int
+    batch: int
+    min_idle_ms: int
+    max_deliveries: int
+    throttle_ms: int
+    metrics: Metrics | None
+
+
+def default_consumer() -> str:
+    """Return a consumer name unique to this process: host name and process id."""
+    return f"{socket.gethostname()[:40]}-{os.getpid()}"
+
+
+class Worker:
+    """Runs one projection over the shard feeds as one consumer of its group.
+
+    Args:
+        store: the store whose feeds are read.
+        projection: what each entry is applied to; its name is the group name.
+        consumer: this consumer's name (distinct per running worker; reuse it across
+            restarts so the worker drains its own pending entries first).
+        shards: the shards this worker reads (default: all).
+        block_ms: how long one XREADGROUP waits for new entries.
+        batch: most entries read per call.
+        min_idle_ms: entries pending longer than this in any consumer are taken over.
+        max_deliveries: deliveries after which an entry is dead-lettered.
+        throttle_ms: pause before each entry (load shaping; fault tests).
+        metrics: where counters and lag figures are reported, if anywhere.
+
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        projection: Projection,
+        *,
+        consumer: str | None = None,
+        shards: Sequence[int] | None = None,
+        block_ms: int = 1000,
+        batch: int = 64,
+        min_idle_ms: int = 30_000,
+        max_deliveries: int = 5,
+        throttle_ms: int = 0,
+        metrics: Metrics | None = None,
+    ) -> None:
+        if block_ms < 1 or batch < 1 or min_idle_ms < 0 or max_deliveries < 1:
+            raise ValueError("block_ms and batch must be positive, max_deliveries at least 1")
+        self.store = store
+        self.projection = projection
+        self.consumer = consumer or default_consumer()
+        self.shards = tuple(shards) if shards is not None else tuple(range(store.keys.shards))
+        self.block_ms = block_ms
+        self.batch = batch
+        self.min_idle_ms = min_idle_ms
+        self.metrics = metrics
+        self.handler = EntryHandler(
+            projection, max_deliveries=max_deliveries, throttle_ms=throttle_ms, metrics=metrics
+        )
+        self._stop = asyncio.Event()
+
+    @property
+    def counters(self) -> Counter[str]:
+        """Entries settled by outcome, plus ``failed``, ``dead`` and ``reclaimed``."""
+        return self.handler.counters
+
+    @property
+    def name(self) -> str:
+        """The projection's name (the consumer group)."""
+        return self.projection.name
+
+    def __repr__(self) -> str:
+        counts = " ".join(f"{name}={self.counters[name]}" for name in sorted(self.counters))
+        return (
+            f"<{type(self).__name__} projection={self.name!r} consumer={self.consumer!r} "
+            f"shards={len(self.shards)} {counts}>".replace(" >", ">")
+        )
+
+    def stop(self) -> None:
+        """Ask the worker to stop once its current batches are settled."""
+        self._stop.set()
+
+    async def ensure_groups(self) -> None:
+        """Create the projection's group on every owned feed (from the feed's start)."""
+        for shard in self.shards:
+            await self._ensure_group(shard)
+
+    async def _ensure_group(self, shard: int) -> None:
+        await ensure_group(self.store.client, self.store.keys.feed(shard), self.name)
+
+    async def run(self, *, burst: bool = False) -> None:
+        """Consume until :meth:`stop` (or, with ``burst``, until nothing is left).
+
+        Burst mode drains the worker's own pending entries, then takes over idle ones and
+        reads new ones until a pass finds none, and returns: tests use it instead of sleeps.
+        """
+        # stop() ends one run; a later run (e.g. a burst that catches up) starts afresh.
+        self._stop.clear()
+        await self.ensure_groups()
+        log.info("worker_started", projection=self.name, consumer=self.consumer, burst=burst)
+        if burst:
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for shard in self.shards:
+                        group.create_task(self._burst_shard(shard))
+            except* StoreUnavailable as failures:
+                raise failures.exceptions[0] from None
+        else:
+            client, block_ms = blocking_client(self.store, self.block_ms, len(self.shards) + 1)
+            try:
+                async with asyncio.TaskGroup() as group:
+                    for shard in self.shards:
+                        group.create_task(self._follow_shard(shard, client, block_ms))
+                    if self.metrics is not None:
+                        group.create_task(self._report_lag())
+                    group.create_task(self._trim_periodically())
+            finally:
+                if client is not self.store.client:
+                    await client.aclose()
+        await self._retire()
+        log.info("worker_stopped", projection=self.name, consumer=self.consumer, **self.counters)
+
+    async def _retire(self) -> None:
+        """Remove this consumer from each group where it holds nothing pending.
+
+        Consumer names are per process by default, so groups would otherwise collect one
+        idle consumer per restart. A consumer with pending entries is kept: deleting it
+        would drop them.
+        """
+        for shard in self.shards:
+            try:
+                await retire_consumer(
+                    self.store.client, self.store.keys.feed(shard), self.name, self.consumer
+                )
+            except StoreUnavailable:
+                log.warning("consumer_not_retired", projection=self.name, shard=shard)
+
+    async def _burst_shard(self, shard: int) -> None:
+        await self._drain_own(shard)
+        while not self._stop.is_set():
+            claimed = await self._reclaim(shard)
+            read = await self._read_new(shard, self.store.client, block_ms=None)
+            if claimed == 0 and read == 0:
+                return
+
+    async def _follow_shard(self, shard: int, client: Redis, block_ms: int) -> None:
+        loop = asyncio.get_running_loop()
+        drained = False
+        next_claim = 0.0
+        while not self._stop.is_set():
+            try:
+                if not drained:
+                    await self._drain_own(shard)
+                    drained = True
+                if loop.time() >= next_claim:
+                    await self._reclaim(shard)
+                    next_claim = loop.time() + max(self.min_idle_ms, 100) / 2000
+                await self._read_new(shard, client, block_ms=block_ms)
+            except StoreUnavailable as exc:
+                log.warning(
+                    "worker_read_failed", projection=self.name, shard=shard, error=exc.args[0]
+                )
+                await self._pause(_RETRY_PAUSE_S)
+
+    async def _pause(self, seconds: float) -> None:
+        try:
+            await asyncio.wait_for(self._stop.wait(), seconds)
+        except TimeoutError:
+            return
+
+    async def _read(
+        self, client: Redis, shard: int, start: str, block_ms: int | None
+    ) -> list[Entry]:
+        feed = self.store.keys.feed(shard)
+        return await read_group(
+            client, feed, self.name, self.consumer, start=start, count=self.batch, block_ms=block_ms
+        )
+
+    async def _deliveries(self, shard: int, entries: list[Entry]) -> dict[str, int]:
+        feed = self.store.keys.feed(shard)
+        return await deliveries(self.store.client, feed, self.name, self.consumer, entries)
+
+    async def _drain_own(self, shard: int) -> None:
+        """Settle the entries already delivered to this consumer name (a restart)."""
+        start = "0"
+        while not self._stop.is_set():
+            entries = await self._read(self.store.client, shard, start, None)
+            if not entries:
+                return
+            await self.handler.handle_all(shard, entries, await self._deliveries(shard, entries))
+            start = entries[-1][0]
+
+    async def _read_new(self, shard: int, client: Redis, *, block_ms: int | None) -> int:
+        entries = await self._read(client, shard, ">", block_ms)
+        await self.handler.handle_all(shard, entries, {})
+        return len(entries)
+
+    async def _reclaim(self, shard: int) -> int:
+        """Take over entries idle longer than ``min_idle_ms``; return how many were claimed."""
+        feed = self.store.keys.feed(shard)
+        cursor, claimed = "0-0", 0
+        while not self._stop.is_set():
+            cursor, entries, page = await claim_idle(
+                self.store.client,
+                feed,
+                self.name,
+                self.consumer,
+                min_idle_ms=self.min_idle_ms,
+                cursor=cursor,
+                count=self.batch,
+            )
+            claimed += page
+            if entries:
+                self.counters["reclaimed"] += len(entries)
+                log.info("entries_reclaimed", projection=self.name, shard=shard, count=len(entries))
+                await self.handler.handle_all(
+                    shard, entries, await self._deliveries(shard, entries)
+                )
+            if len(entries) < page:
+                # Entries deleted from the stream were claimed unnamed (Redis 6.2); reading
+                # our own pending entries names them, and they are settled there.
+                await self._drain_own(shard)
+            if cursor == "0-0":
+                break
+        return claimed
+
+    async def lag(self) -> list[ShardLag]:
+        """Return the lag figures of this projection on every owned shard."""
+        return [await shard_lag(self.store, shard, self.name) for shard in self.shards]
+
+    async def _trim_periodically(self, interval_s: float = 60.0) -> None:
+        """Trim the feeds below every group's watermark while following.
+
+        The write scripts only trim entries older than the record TTL plus a grace period;
+        this keeps a busy feed short without ever removing an entry some group still needs.
+        """
+        while not self._stop.is_set():
+            await self._pause(interval_s)
+            if self._stop.is_set():
+                return
+            try:
+                removed = await trim_feeds(self.store)
+            except StoreUnavailable:
+                log.warning("feed_trim_failed", projection=self.name)
+                continue
+            if removed:
+                log.info("feeds_trimmed", projection=self.name, removed=removed)
+
+    async def _report_lag(self, interval_s: float = 5.0) -> None:
+        assert self.metrics is not None
+        while not self._stop.is_set():
+            try:
+                for figures in await self.lag():
+                    labels = (self.name, str(figures.shard))
+                    self.metrics.lag.labels(*labels).set(figures.lag)
+                    self.metrics.pending.labels(*labels).set(figures.pending)
+                    self.metrics.oldest_unacked.labels(*labels).set(
+                        figures.oldest_unacked_ms / 1000
+                    )
+            except StoreUnavailable:
+                log.warning("lag_read_failed", projection=self.name)
+            await self._pause(interval_s)
+
+    async def wait_for(self, head: Head, timeout_s: float = 5.0) -> bool:
+        """Wait until the projection reflects ``head`` (read-your-writes); False on timeout."""
+        return await wait_for(self.projection, head, timeout_s=timeout_s)

@@ -1,0 +1,75 @@
+"""Loads the projection scripts beside this module and wraps each in one typed function.
+
+Every script writes a projection's output, its per-shard position and the entry's ack in
+one step. The shared helpers in ``helpers.lua`` are pasted at ``-- @position-helpers``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from functools import cache
+from importlib import resources
+from typing import Final
+
+from redis.asyncio import Redis
+from redis.commands.core import AsyncScript
+
+from eventstore.errors import redis_errors
+
+_MARKER: Final = "-- @position-helpers"
+
+
+@cache
+def script_source(name: str) -> str:
+    """Return the source of ``scripts/<name>.lua`` with the shared helpers in place."""
+    folder = resources.files("projections").joinpath("scripts")
+    text = folder.joinpath(f"{name}.lua").read_text("utf-8")
+    if _MARKER in text:
+        text = text.replace(_MARKER, folder.joinpath("helpers.lua").read_text("utf-8"), 1)
+    return text
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class ProjectionScripts:
+    """The projection scripts registered on one client."""
+
+    def __init__(self, client: Redis) -> None:
+        self._receipt_put: AsyncScript = client.register_script(script_source("receipt_put"))
+        self._view_put: AsyncScript = client.register_script(script_source("view_put"))
+        self._settle: AsyncScript = client.register_script(script_source("settle"))
+        self._dead_letter: AsyncScript = client.register_script(script_source("dead_letter"))
+
+    @staticmethod
+    async def _call(
+        script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> tuple[str, str]:
+        async with redis_errors():
+            reply = await script(keys=list(keys), args=list(args))
+        return _text(reply[0]), _text(reply[1])
+
+    async def receipt_put(
+        self, keys: Sequence[str], *, group: str, entry_id: str, version: int, body: bytes, now: int
+    ) -> tuple[str, str]:
+        """Run ``receipt_put.lua``; keys are receipt, record, position, feed."""
+        return await self._call(self._receipt_put, keys, [group, entry_id, version, body, now])
+
+    async def view_put(
+        self, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> tuple[str, str]:
+        """Run ``view_put.lua``; keys are view, run, position, feed (see its header)."""
+        return await self._call(self._view_put, keys, args)
+
+    async def settle(
+        self, keys: Sequence[str], *, group: str, entry_id: str, counter: str, now: int
+    ) -> tuple[str, str]:
+        """Run ``settle.lua``; keys are position, feed."""
+        return await self._call(self._settle, keys, [group, entry_id, counter, now])
+
+    async def dead_letter(
+        self, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> tuple[str, str]:
+        """Run ``dead_letter.lua``; keys are dead letters, position, feed."""
+        return await self._call(self._dead_letter, keys, args)

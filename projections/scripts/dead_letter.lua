@@ -1,0 +1,28 @@
+-- dead_letter.lua: move an entry that failed too often to the shard's dead-letter stream.
+--
+-- The dead letter names the entry, the projection, the reason, the last error type, the
+-- delivery count and copies the entry's fields (prefixed "f:"); then the entry is acked,
+-- so it is never retried again. The dead-letter stream is capped by length.
+--
+-- KEYS[1] dead-letter stream   KEYS[2] position hash   KEYS[3] shard feed
+-- ARGV[1] consumer group       ARGV[2] feed entry id   ARGV[3] reason
+-- ARGV[4] last error type      ARGV[5] deliveries      ARGV[6] now (ms)
+-- ARGV[7] dead-letter cap (entries)
+-- ARGV[8..] the entry's field/value pairs, names already prefixed
+--
+-- Reply: {"dead", dead-letter entry id} | {"duplicate", 0} (already settled; nothing changed)
+-- @position-helpers
+
+local dead, position, feed = KEYS[1], KEYS[2], KEYS[3]
+local group, entry_id, reason, error_type = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+local deliveries, now_ms, cap = ARGV[5], ARGV[6], ARGV[7]
+
+if not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
+local copied = {}
+for i = 8, #ARGV do copied[#copied + 1] = ARGV[i] end
+local dead_id = redis.call('XADD', dead, 'MAXLEN', '~', cap, '*', 'entry_id', entry_id,
+  'projection', group, 'reason', reason, 'error', error_type, 'deliveries', deliveries,
+  'at_ms', now_ms, unpack(copied))
+advance(position, entry_id, 'dead', now_ms)
+redis.call('XACK', feed, group, entry_id)
+return {'dead', dead_id}

@@ -1,0 +1,28 @@
+-- helpers.lua: shared by every projection script; pasted at "-- @position-helpers".
+--
+-- is_pending(feed, group, entry_id)  true while the entry waits for an ack in the group.
+-- advance(position, entry_id, counter, now_ms)
+--   moves the projection's per-shard position to the highest entry id seen and counts
+--   the entry once under ``counter``. Callers check is_pending first and XACK last, so
+--   an entry is counted exactly once however often it is delivered.
+
+local function id_after(a, b)
+  local a_ms, a_seq = string.match(a, '^(%d+)-(%d+)$')
+  local b_ms, b_seq = string.match(b or '', '^(%d+)-(%d+)$')
+  if not b_ms then return true end
+  a_ms, a_seq, b_ms, b_seq = tonumber(a_ms), tonumber(a_seq), tonumber(b_ms), tonumber(b_seq)
+  return a_ms > b_ms or (a_ms == b_ms and a_seq > b_seq)
+end
+
+local function is_pending(feed, group, entry_id)
+  return #redis.call('XPENDING', feed, group, entry_id, entry_id, 1) > 0
+end
+
+local function advance(position, entry_id, counter, now_ms)
+  local last = redis.call('HGET', position, 'last_entry_id')
+  if id_after(entry_id, last) then
+    redis.call('HSET', position, 'last_entry_id', entry_id)
+  end
+  redis.call('HINCRBY', position, counter, 1)
+  redis.call('HSET', position, 'updated_at_ms', now_ms)
+end

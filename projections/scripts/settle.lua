@@ -1,0 +1,17 @@
+-- settle.lua: acknowledge an entry that produces no output, counting why.
+--
+-- Used for entries whose record has expired or whose stream entry was trimmed away.
+--
+-- KEYS[1] position hash    KEYS[2] shard feed
+-- ARGV[1] consumer group   ARGV[2] feed entry id   ARGV[3] counter name   ARGV[4] now (ms)
+--
+-- Reply: {"settled", 0} | {"duplicate", 0} (the entry was already settled; nothing changed)
+-- @position-helpers
+
+local position, feed = KEYS[1], KEYS[2]
+local group, entry_id, counter, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
+
+if not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
+advance(position, entry_id, counter, now_ms)
+redis.call('XACK', feed, group, entry_id)
+return {'settled', 0}

@@ -1,0 +1,124 @@
+"""Consistent, read-only reads of what a receipt is built from.
+
+The record's receipt fields and its event stream are read in one MULTI/EXEC on the
+run's shard, so a write landing between two reads can never make an intact journal look
+like it disagrees with its record. Only HMGET, XRANGE and HGET are issued: no read here
+touches a payload other than the bounded result, and none changes an expiry.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Final, cast
+
+import msgspec
+
+from eventstore.errors import redis_errors
+from eventstore.reader import StoredEvent
+from eventstore.store import Store
+from machine.events import EVENT_TYPES, Event, decode_event
+from machine.fold import InvocationState
+from projections.receipts import Receipt, build_receipt
+
+#: Record fields a receipt may read: the lifecycle state, ids, expiry, the bounded result
+#: and the event-id fields (a valid stream has at most one event of each type).
+RECEIPT_FIELDS: Final = (
+    *InvocationState.__struct_fields__,
+    "invocation_id",
+    "expires_at_ms",
+    "result",
+    *(f"e{position}" for position in range(1, len(EVENT_TYPES) + 1)),
+)
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """The receipt fields of one record and its events, read together.
+
+    Attributes:
+        fields: the record fields present ({} when the record is absent or expired).
+        events: the stream's events in order ([] when the stream is absent).
+        observed_at_ms: when the read was made.
+
+    """
+
+    fields: dict[str, bytes]
+    events: list[StoredEvent]
+    observed_at_ms: int
+
+    @property
+    def exists(self) -> bool:
+        """Whether the record or its stream is present."""
+        return bool(self.fields) or bool(self.events)
+
+    @property
+    def version(self) -> int:
+        """The record's version, else the number of events (0 when neither is known)."""
+        try:
+            return int(self.fields["version"])
+        except (KeyError, ValueError):
+            return len(self.events)
+
+
+def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[StoredEvent]:
+    """Turn XRANGE entries of an invocation stream into :class:`StoredEvent` values."""
+    events: list[StoredEvent] = []
+    for entry_id, data_fields in entries:
+        data = data_fields.get(b"e", b"")
+        try:
+            event: Event | None = decode_event(data)
+        except msgspec.DecodeError:
+            event = None
+        events.append(
+            StoredEvent(
+                entry_id=entry_id.decode(),
+                data=data,
+                stored_hash=data_fields.get(b"h", b"").decode("utf-8", "replace"),
+                event=event,
+            )
+        )
+    return events
+
+
+def now_ms() -> int:
+    """Return the wall-clock time in milliseconds."""
+    return time.time_ns() // 1_000_000
+
+
+async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapshot:
+    """Read one invocation's receipt fields and stream atomically.
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    keys = store.keys
+    async with redis_errors(), store.client.pipeline(transaction=True) as pipe:
+        pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
+        pipe.xrange(keys.stream(run_id, tool_call_id))
+        values, entries = await pipe.execute()
+    observed = now_ms()
+    fields = {
+        name: value
+        for name, value in zip(RECEIPT_FIELDS, cast(list[bytes | None], values), strict=True)
+        if value is not None
+    }
+    return Snapshot(
+        fields=fields,
+        events=stored_events(cast(list[tuple[bytes, dict[bytes, bytes]]], entries)),
+        observed_at_ms=observed,
+    )
+
+
+def receipt_of(store: Store, snapshot: Snapshot) -> Receipt:
+    """Build the receipt of a snapshot with the store's limits.
+
+    Raises:
+        ValueError: the snapshot names no invocation (check :attr:`Snapshot.exists`).
+
+    """
+    return build_receipt(
+        snapshot.fields or None,
+        snapshot.events,
+        observed_at_ms=snapshot.observed_at_ms,
+        result_limit_bytes=store.limits.result_bytes,
+    )
