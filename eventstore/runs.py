@@ -139,6 +139,10 @@ class RunRegistry:
         """Mark a run inactive; later calls are refused. False when the run is unknown."""
         return await self._update(run_id, "active", 0)
 
+    async def revoke_token(self, run_id: str) -> bool:
+        """Withdraw the run's access token: nothing of the run can be read with it again."""
+        return await self._update(run_id, "token_sha256", "revoked")
+
     async def revoke_tool(self, run_id: str, tool: str) -> bool:
         """Withdraw a tool's authorization from a run (receipts of it become unreadable)."""
         return await self._update(run_id, f"revoked:{tool}", 1)

@@ -1,14 +1,17 @@
 """The read-only receipt HTTP API (Starlette; served by uvicorn).
 
-``GET /v1/invocations/inspection-capabilities`` and
-``GET /v1/invocations/<64 lowercase hex>/receipt``. Checks run in this order: every answer
-carries ``Cache-Control: no-store``; the run's Bearer token (from the Authorization header
-only) must name an open run, else 401; the path must match exactly, else 404 before any
-record is read; any query string is refused with 400 before any record is read; the
-invocation is looked up through the token's run only (404 ``invocation_not_found`` for
-absent, expired and other runs' invocations alike); a tool revoked since the call gives
-409. A store failure is 503, anything unexpected 500, neither with details. There is no
-pause check: inspection works while execution is paused.
+``GET /v1/invocations/inspection-capabilities``,
+``GET /v1/invocations/<64 lowercase hex>/receipt`` and ``GET /v1/runs/<run id>/progress``
+(the token's own run only; another id is 404 ``run_not_found``).
+
+Checks run in this order: every answer carries ``Cache-Control: no-store``; the run's
+Bearer token (from the Authorization header only) must name a run whose token was not
+revoked, else 401; the path must match exactly, else 404 before any record is read; any
+query string is refused with 400 before any record is read; the invocation is looked up
+through the token's run only (404 ``invocation_not_found`` for absent, expired and other
+runs' invocations alike); a tool revoked since the call gives 409. A store failure is 503,
+anything unexpected 500, neither with details. There is no pause check: inspection works
+while execution is paused.
 """
 
 from __future__ import annotations
@@ -27,17 +30,23 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from eventstore.contracts import RunContext
 from eventstore.errors import StoreUnavailable
 from eventstore.runs import RunInfo
 from eventstore.store import Store
+from projections.facts import observed_facts
 from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
 from projections.metrics import Metrics
-from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt
+from projections.progress import read_view
+from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt, iso_ms
+from projections.snapshot import now_ms
 
 log = structlog.get_logger("canon.http")
 
 CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
 _RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([a-f0-9]{64})/receipt")
+_PROGRESS_PATH: Final = re.compile(r"/v1/runs/([A-Za-z0-9][A-Za-z0-9._\-]{0,127})/progress")
+PROGRESS_SCHEMA: Final = "canon.run-progress.v1"
 _MAX_TOKEN_CHARS: Final = 512
 _CAPABILITIES: Final = msgspec.json.encode(
     {"schema_version": CAPABILITIES_SCHEMA, "receipt_schema": RECEIPT_SCHEMA, "read_only": True}
@@ -45,6 +54,7 @@ _CAPABILITIES: Final = msgspec.json.encode(
 _QUERY_MESSAGE: Final = "Invocation inspection does not accept query parameters."
 _NOT_FOUND_MESSAGE: Final = "No invocation with this id is visible to this run."
 _CHANGED_MESSAGE: Final = "The invocation's tool is no longer authorized for this run."
+_RUN_NOT_FOUND_MESSAGE: Final = "No run with this id is visible to this token."
 
 
 def _json(status: int, body: bytes | dict[str, Any]) -> Response:
@@ -102,9 +112,39 @@ async def _open_run(store: Store, request: Request) -> RunInfo | None:
     run_id = await store.runs.authenticate(token)
     if run_id is None:
         return None
-    run = await store.runs.info(run_id)
-    # Closing a run withdraws its token, for inspection as for calls.
-    return run if run is not None and run.active else None
+    # A closed run stays readable: its calls ended, its evidence did not. Only
+    # revoke_token withdraws read access.
+    return await store.runs.info(run_id)
+
+
+async def progress_document(store: Store, run_id: str) -> dict[str, Any]:
+    """Return the run's progress as served (read-only).
+
+    The progress worker's view when it exists; before that, the facts resolved from the
+    records, with counts unknown and left empty.
+    """
+    view = await read_view(store, run_id)
+    if view is not None:
+        source, facts = "view", view.facts
+        counts: dict[str, Any] = {
+            "invocations": view.invocations,
+            "by_status": view.by_status,
+            "by_evidence": view.by_evidence,
+            "updated_at": iso_ms(view.updated_at_ms) if view.updated_at_ms else None,
+        }
+    else:
+        source = "records"
+        facts = msgspec.to_builtins(await observed_facts(store, RunContext(run_id)))
+        counts = {"invocations": None, "by_status": {}, "by_evidence": {}, "updated_at": None}
+    return {
+        "schema_version": PROGRESS_SCHEMA,
+        "read_only": True,
+        "run_id": run_id,
+        "observed_at": iso_ms(now_ms()),
+        "source": source,
+        **counts,
+        "facts": facts,
+    }
 
 
 async def _answer(store: Store, request: Request) -> tuple[Response, str]:
@@ -113,11 +153,24 @@ async def _answer(store: Store, request: Request) -> tuple[Response, str]:
         return _error(401, "unauthorized"), "unauthorized"
     path: str = request.scope["path"]
     match = _RECEIPT_PATH.fullmatch(path)
-    route = "receipt" if match else "capabilities" if path == CAPABILITIES_PATH else "other"
+    progress = _PROGRESS_PATH.fullmatch(path)
+    route = (
+        "receipt"
+        if match
+        else "progress"
+        if progress
+        else "capabilities"
+        if path == CAPABILITIES_PATH
+        else "other"
+    )
     if request.method != "GET" or route == "other":
         return _error(404, "not_found"), "other"
     if request.scope.get("query_string"):
         return _error(400, "invalid_request", _QUERY_MESSAGE), route
+    if progress is not None:
+        if progress.group(1) != run.run_id:
+            return _error(404, "run_not_found", _RUN_NOT_FOUND_MESSAGE), route
+        return _json(200, await progress_document(store, run.run_id)), route
     if match is None:
         return _json(200, _CAPABILITIES), route
     try:

@@ -143,13 +143,24 @@ async def test_token_in_the_query_string_is_not_accepted(api: Any) -> None:
     assert (response.status_code, response.json()) == (401, {"error": "unauthorized"})
 
 
-async def test_closed_run_token_is_unauthorized(api: Any) -> None:
-    """Closing a run withdraws its token: its receipts answer 401."""
+async def test_closed_run_receipts_stay_readable(api: Any) -> None:
+    """Closing a run stops new calls, not inspection: its receipts still answer 200."""
     store, client, tokens = api
-    assert (await client.get(path(), headers=bearer(tokens[RUN]))).status_code == 200
     await store.close_run(RUN)
     response = await client.get(path(), headers=bearer(tokens[RUN]))
-    assert (response.status_code, response.json()) == (401, {"error": "unauthorized"})
+    assert response.status_code == 200
+    assert response.json()["tool_call_id"] == "c1"
+
+
+async def test_revoked_token_is_unauthorized(api: Any) -> None:
+    """A revoked token answers 401 on both endpoints, and on the run's progress."""
+    store, client, tokens = api
+    assert (await client.get(path(), headers=bearer(tokens[RUN]))).status_code == 200
+    await store.revoke_token(RUN)
+    for url in (path(), "/v1/invocations/inspection-capabilities", f"/v1/runs/{RUN}/progress"):
+        response = await client.get(url, headers=bearer(tokens[RUN]))
+        assert (response.status_code, response.json()) == (401, {"error": "unauthorized"})
+        assert response.headers["cache-control"] == "no-store"
 
 
 @pytest.mark.parametrize(
@@ -291,3 +302,27 @@ async def test_unexpected_failure_is_500_without_details(api: Any, redis: Redis)
     response = await client.get(path(), headers=bearer(tokens[RUN]))
     assert (response.status_code, response.json()) == (500, {"error": "internal_error"})
     assert response.headers["cache-control"] == "no-store"
+
+
+async def test_run_progress_is_served_for_the_tokens_own_run(api: Any) -> None:
+    """GET /v1/runs/<run>/progress shows the run's view and facts; other runs are 404."""
+    from projections import ProgressWorker
+
+    store, client, tokens = api
+    before = await client.get(f"/v1/runs/{RUN}/progress", headers=bearer(tokens[RUN]))
+    await ProgressWorker(store).run(burst=True)
+    after = await client.get(f"/v1/runs/{RUN}/progress", headers=bearer(tokens[RUN]))
+    other = await client.get(f"/v1/runs/{OTHER}/progress", headers=bearer(tokens[RUN]))
+    query = await client.get(f"/v1/runs/{RUN}/progress?x=1", headers=bearer(tokens[RUN]))
+
+    assert before.status_code == 200 and before.json()["source"] == "records"
+    assert [fact["tool_call_id"] for fact in before.json()["facts"]] == ["c1"]
+    body = after.json()
+    assert (after.status_code, body["source"], body["run_id"]) == (200, "view", RUN)
+    assert body["schema_version"] == "canon.run-progress.v1" and body["read_only"] is True
+    assert (body["invocations"], body["by_status"]) == (1, {"READY": 1})
+    assert [fact["tool_call_id"] for fact in body["facts"]] == ["c1"]
+    assert b"RAW" not in after.content
+    assert (other.status_code, other.json()["error"]) == (404, "run_not_found")
+    assert query.status_code == 400
+    assert {r.headers["cache-control"] for r in (before, after, other, query)} == {"no-store"}
