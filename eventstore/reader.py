@@ -82,6 +82,30 @@ def record_from_hash(raw: dict[bytes, bytes]) -> InvocationRecord:
         raise CorruptRecord(type(exc).__name__) from None
 
 
+def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[StoredEvent]:
+    """Turn XRANGE entries of an invocation stream into :class:`StoredEvent` values.
+
+    An entry whose bytes do not decode keeps ``event=None``: audit tools report it instead
+    of failing on it.
+    """
+    events: list[StoredEvent] = []
+    for entry_id, fields in entries:
+        data = fields.get(b"e", b"")
+        try:
+            event: Event | None = decode_event(data)
+        except msgspec.DecodeError:
+            event = None
+        events.append(
+            StoredEvent(
+                entry_id=entry_id.decode(),
+                data=data,
+                stored_hash=fields.get(b"h", b"").decode("utf-8", "replace"),
+                event=event,
+            )
+        )
+    return events
+
+
 class Reader:
     """Reads records and streams of one namespace."""
 
@@ -113,19 +137,4 @@ class Reader:
                 list[tuple[bytes, dict[bytes, bytes]]],
                 await self._client.xrange(self._keys.stream(run_id, tool_call_id)),
             )
-        stored: list[StoredEvent] = []
-        for entry_id, fields in entries:
-            data = fields.get(b"e", b"")
-            try:
-                event: Event | None = decode_event(data)
-            except msgspec.DecodeError:
-                event = None
-            stored.append(
-                StoredEvent(
-                    entry_id=entry_id.decode(),
-                    data=data,
-                    stored_hash=fields.get(b"h", b"").decode(),
-                    event=event,
-                )
-            )
-        return stored
+        return stored_events(entries)

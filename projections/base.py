@@ -6,9 +6,9 @@ from collections.abc import Mapping
 from typing import Final
 
 from eventstore.store import Store
+from eventstore.writer import now_ms
 from projections.feed import Outcome
 from projections.scripts import ProjectionScripts
-from projections.snapshot import now_ms
 
 #: Most dead letters kept per shard; older ones are trimmed by length.
 DEAD_LETTER_CAP: Final = 10_000

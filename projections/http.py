@@ -34,12 +34,12 @@ from eventstore.contracts import RunContext
 from eventstore.errors import StoreUnavailable
 from eventstore.runs import RunInfo
 from eventstore.store import Store
+from eventstore.writer import now_ms
 from projections.facts import observed_facts
 from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
 from projections.metrics import Metrics
 from projections.progress import read_view
 from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt, iso_ms
-from projections.snapshot import now_ms
 
 log = structlog.get_logger("canon.http")
 

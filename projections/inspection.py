@@ -16,10 +16,11 @@ import msgspec
 from eventstore.errors import CanonError, redis_errors
 from eventstore.runs import RunInfo
 from eventstore.store import Store
+from eventstore.writer import now_ms
 from machine.ids import is_invocation_id, is_safe_id
 from projections.journal import JournalState
 from projections.receipts import Receipt, decode_receipt, iso_ms
-from projections.snapshot import now_ms, read_snapshot, receipt_of
+from projections.snapshot import read_snapshot, receipt_of
 
 #: Journal states that do not turn into ``uncertain`` as time passes.
 _SETTLED: Final = frozenset(

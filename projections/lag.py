@@ -15,7 +15,7 @@ import redis.exceptions
 
 from eventstore.errors import StoreUnavailable, redis_errors
 from eventstore.store import Store
-from projections.snapshot import now_ms
+from eventstore.writer import now_ms
 
 #: Most entries counted when the server does not report a group's lag.
 LAG_SCAN_CAP: Final = 10_000

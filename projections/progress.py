@@ -16,12 +16,12 @@ import msgspec
 from eventstore.contracts import RunContext
 from eventstore.errors import redis_errors
 from eventstore.store import Store
+from eventstore.writer import now_ms
 from machine.codes import Status
 from projections.base import BaseProjection
 from projections.facts import observed_facts
 from projections.feed import FeedEntry, Outcome
 from projections.runtime import Worker, WorkerOptions
-from projections.snapshot import now_ms
 
 PROGRESS_PROJECTION: Final = "progress"
 

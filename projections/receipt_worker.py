@@ -12,12 +12,13 @@ from typing import Final, Unpack, cast
 
 from eventstore.errors import redis_errors
 from eventstore.store import Store
+from eventstore.writer import now_ms
 from machine.ids import invocation_id
 from projections.base import BaseProjection
 from projections.feed import FeedEntry, Outcome
 from projections.receipts import encode_receipt
 from projections.runtime import Worker, WorkerOptions
-from projections.snapshot import now_ms, read_snapshot, receipt_of
+from projections.snapshot import read_snapshot, receipt_of
 
 RECEIPT_PROJECTION: Final = "receipts"
 

@@ -8,15 +8,15 @@ touches a payload other than the bounded result, and none changes an expiry.
 
 from __future__ import annotations
 
-import time
 from typing import Final, cast
 
 import msgspec
 
 from eventstore.errors import redis_errors
-from eventstore.reader import StoredEvent
+from eventstore.reader import StoredEvent, stored_events
 from eventstore.store import Store
-from machine.events import EVENT_TYPES, Event, decode_event
+from eventstore.writer import now_ms
+from machine.events import EVENT_TYPES
 from machine.fold import InvocationState
 from projections.receipts import Receipt, build_receipt
 
@@ -57,31 +57,6 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
             return int(self.fields["version"])
         except (KeyError, ValueError):
             return len(self.events)
-
-
-def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[StoredEvent]:
-    """Turn XRANGE entries of an invocation stream into :class:`StoredEvent` values."""
-    events: list[StoredEvent] = []
-    for entry_id, data_fields in entries:
-        data = data_fields.get(b"e", b"")
-        try:
-            event: Event | None = decode_event(data)
-        except msgspec.DecodeError:
-            event = None
-        events.append(
-            StoredEvent(
-                entry_id=entry_id.decode(),
-                data=data,
-                stored_hash=data_fields.get(b"h", b"").decode("utf-8", "replace"),
-                event=event,
-            )
-        )
-    return events
-
-
-def now_ms() -> int:
-    """Return the wall-clock time in milliseconds."""
-    return time.time_ns() // 1_000_000
 
 
 async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapshot:

@@ -18,9 +18,8 @@ from redis.asyncio.client import Pipeline
 
 from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.keys import DEFAULT_SHARDS, Keys
-from eventstore.reader import StoredEvent
+from eventstore.reader import StoredEvent, stored_events
 from eventstore.store import Store
-from machine.events import Event, decode_event
 
 
 @asynccontextmanager
@@ -61,26 +60,6 @@ async def open_read_only(
         yield store
     finally:
         await store.aclose()
-
-
-def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[StoredEvent]:
-    """Turn XRANGE entries of an invocation stream into :class:`StoredEvent` values."""
-    events: list[StoredEvent] = []
-    for entry_id, fields in entries:
-        data = fields.get(b"e", b"")
-        try:
-            event: Event | None = decode_event(data)
-        except msgspec.DecodeError:
-            event = None
-        events.append(
-            StoredEvent(
-                entry_id=entry_id.decode(),
-                data=data,
-                stored_hash=fields.get(b"h", b"").decode("utf-8", "replace"),
-                event=event,
-            )
-        )
-    return events
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
