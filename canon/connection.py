@@ -5,6 +5,7 @@ may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis
 with an append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in
 the URL (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
 ``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
+``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.
 """
 
 from __future__ import annotations
@@ -27,12 +28,21 @@ class ConnectionSettingsError(Exception):
 
 
 def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
-    """Add ``--redis-url``, ``--namespace``, ``--shards`` (and ``--data-dir`` if embedded)."""
+    """Add ``--redis-url``, ``--cluster``, ``--namespace``, ``--shards``, ``--ttl-s``.
+
+    With ``embedded``, also ``--data-dir``.
+    """
     parser.add_argument(
         "--redis-url",
         default=None,
         help="Redis URL (redis://, rediss:// or unix://); default: $REDIS_URL"
         + ("; without either, an embedded redis-server is started" if embedded else ""),
+    )
+    parser.add_argument(
+        "--cluster",
+        action="store_true",
+        default=cluster_from_env(),
+        help="the URL names a node of a Redis Cluster (default: $REDIS_CLUSTER=1)",
     )
     parser.add_argument(
         "--namespace",
@@ -58,6 +68,11 @@ def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = Fal
             default=pathlib.Path(".canon/data"),
             help="where the embedded server keeps its append-only file (default: %(default)s)",
         )
+
+
+def cluster_from_env() -> bool:
+    """Tell whether ``REDIS_CLUSTER`` asks for a cluster client (``1``, ``true`` or ``yes``)."""
+    return os.environ.get("REDIS_CLUSTER", "").strip().lower() in {"1", "true", "yes"}
 
 
 def with_credentials(url: str) -> str:
@@ -92,12 +107,15 @@ async def open_store(args: argparse.Namespace, *, embedded: bool = False) -> Asy
     """
     async with AsyncExitStack() as stack:
         url = configured_url(args)
+        # The embedded server is a single node, whatever --cluster says.
+        cluster = bool(getattr(args, "cluster", False)) and url is not None
         if url is None:
             if not embedded:
                 raise ConnectionSettingsError("no Redis configured: set REDIS_URL or --redis-url")
             url = stack.enter_context(_start_embedded(args.data_dir)).url
         store = Store.from_url(
             url,
+            cluster=cluster,
             namespace=args.namespace,
             shards=args.shards,
             ttl=timedelta(seconds=args.ttl_s),

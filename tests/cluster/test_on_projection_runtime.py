@@ -1,0 +1,11 @@
+"""On the cluster: consumer-group workers: dead letters, sharing, takeover, trimming.
+
+The tests of ``tests/integration/test_projection_runtime.py``, collected again (``reuse.py``).
+"""
+
+from __future__ import annotations
+
+from tests.cluster.reuse import single_server_tests
+from tests.integration import test_projection_runtime as single_server
+
+globals().update(single_server_tests(single_server))
