@@ -15,6 +15,7 @@ from typing import Final
 
 from redis.asyncio import Redis
 
+from eventstore.batching import ScriptBatcher, call_script
 from eventstore.errors import RecordExpired, Refused, redis_errors
 from eventstore.keys import Keys
 from eventstore.scripts import Scripts
@@ -83,13 +84,22 @@ class Writer:
     """Appends events through the store's scripts."""
 
     def __init__(
-        self, client: Redis, keys: Keys, scripts: Scripts, *, ttl_ms: int, feed_retention_ms: int
+        self,
+        client: Redis,
+        keys: Keys,
+        scripts: Scripts,
+        *,
+        ttl_ms: int,
+        feed_retention_ms: int,
+        batcher: ScriptBatcher | None = None,
     ) -> None:
         self._client = client
         self._keys = keys
         self._scripts = scripts
         self._ttl_ms = ttl_ms
         self._feed_retention_ms = feed_retention_ms
+        # Concurrent appends share pipelines through the batcher (see eventstore.batching).
+        self._call_script = batcher.call if batcher is not None else call_script
 
     async def append(
         self, event: Event, payload: bytes | None = None, *, run_id: str, tool_call_id: str
@@ -114,15 +124,16 @@ class Writer:
         keys = self._keys
         async with redis_errors():
             if isinstance(event, Preflighted):
-                reply = await self._scripts.create(
-                    keys=[
+                reply = await self._call_script(
+                    self._scripts.create,
+                    [
                         keys.record(run_id, tool_call_id),
                         keys.stream(run_id, tool_call_id),
                         keys.feed_of(run_id),
                         keys.run(run_id),
                         keys.control_of(run_id),
                     ],
-                    args=[
+                    [
                         event.event_id,
                         hash_,
                         encoded,
@@ -139,15 +150,16 @@ class Writer:
                     ],
                 )
             else:
-                reply = await self._scripts.append(
-                    keys=[
+                reply = await self._call_script(
+                    self._scripts.append,
+                    [
                         keys.record(run_id, tool_call_id),
                         keys.stream(run_id, tool_call_id),
                         keys.feed_of(run_id),
                         keys.progress(run_id),
                         keys.run(run_id),
                     ],
-                    args=[
+                    [
                         kind,
                         event.version,
                         event.event_id,

@@ -1,0 +1,220 @@
+"""The benchmark's workload: payloads, tools, and the floor's pre-built script arguments.
+
+One invocation is three script calls (create, ProjectingStarted, Completed) carrying a
+1 KiB request, a 4 KiB raw response and a 512 B agent result. The naive floor and the
+batch ceiling run the store's own ``create.lua`` and ``append.lua`` with arguments built
+once from real events, so Redis does exactly the work the Writer makes it do (same keys,
+same payload and event sizes, same checks) while the client does nothing but EVALSHA.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from eventstore.contracts import Projection, ToolCall, ToolSpec
+from eventstore.keys import Keys
+from machine.codes import EvidenceStatus
+from machine.events import (
+    GENESIS_HASH,
+    Completed,
+    Preflighted,
+    ProjectingStarted,
+    encode_event,
+    event_hash,
+    payload_digest,
+)
+from machine.fold import event_fields
+
+TOOL: Final = "bench_search"
+#: Event id of every floor event: the scripts only compare it, so its length is what counts.
+EVENT_ID: Final = "e" * 32
+SCOPE: Final = "bench corpus"
+#: Feed retention the floor passes, as a store with the default TTL does.
+RETENTION_MS: Final = 25 * 3600 * 1000
+TTL_MS: Final = 24 * 3600 * 1000
+
+
+def run_id_for(mode: str, repeat: int, concurrency: int, task: int) -> str:
+    """A 12-character run id, the length the floor's template events carry."""
+    return f"{mode[0]}{repeat:02d}{concurrency:03d}{task:06d}"
+
+
+def tool_call_id_for(number: int) -> str:
+    """A 10-character tool call id."""
+    return f"call{number:06d}"
+
+
+def request_arguments(size: int) -> dict[str, str]:
+    """Tool arguments whose canonical JSON (``{"q":"..."}``) is exactly ``size`` bytes."""
+    return {"q": "x" * (size - len('{"q":""}'))}
+
+
+def request_bytes(size: int) -> bytes:
+    """The canonical request bytes of :func:`request_arguments`."""
+    return b'{"q":"' + b"x" * (size - len('{"q":""}')) + b'"}'
+
+
+def result_text(size: int) -> str:
+    """An agent result whose JSON encoding (a string) is exactly ``size`` bytes."""
+    return "s" * (size - 2)
+
+
+@dataclass(frozen=True, slots=True)
+class Payloads:
+    """Sizes and bytes of one invocation's payloads."""
+
+    request: bytes
+    raw: bytes
+    result: bytes
+
+    @classmethod
+    def of(cls, request: int = 1024, raw: int = 4096, result: int = 512) -> Payloads:
+        """Payloads of the given byte sizes."""
+        return cls(request_bytes(request), b"r" * raw, f'"{result_text(result)}"'.encode())
+
+    @property
+    def total(self) -> int:
+        """Payload bytes one record holds."""
+        return len(self.request) + len(self.raw) + len(self.result)
+
+
+def boundary_tool(payloads: Payloads) -> ToolSpec:
+    """A trivial read-only tool: returns the raw bytes, projects the fixed result."""
+    raw = payloads.raw
+    result = result_text(len(payloads.result))
+
+    async def execute(arguments: dict[str, Any], call: ToolCall) -> bytes:
+        return raw
+
+    def project(value: Any, call: ToolCall) -> Projection:
+        return Projection(result=result, evidence_status=EvidenceStatus.EVIDENCE_FOUND, scope=SCOPE)
+
+    return ToolSpec(executor=execute, projector=project)
+
+
+def _pairs(fields: dict[str, str], name: str, payload: bytes) -> list[str | bytes]:
+    pairs: list[str | bytes] = []
+    for key, value in fields.items():
+        pairs += (key, value)
+    return [*pairs, name, payload]
+
+
+class FloorArgs:
+    """Pre-built EVALSHA arguments of one invocation's three calls, for any ids.
+
+    Event JSON, hashes and payload fields are built once from real events with ids of
+    the same length as the benchmark's; only keys and ids change per invocation. The
+    hashes chain (each call's previous hash is the hash the call before stored), so
+    ``append.lua`` runs every check and the fold exactly as for a Writer event.
+    """
+
+    def __init__(self, keys: Keys, payloads: Payloads, *, at_ms: int) -> None:
+        self._keys = keys
+        event_id = EVENT_ID
+        pre = Preflighted(
+            version=1,
+            prev_hash=GENESIS_HASH,
+            run_id=run_id_for("r", 0, 0, 0),
+            tool_call_id=tool_call_id_for(0),
+            tool=TOOL,
+            request_sha256=payload_digest(payloads.request),
+            request_bytes=len(payloads.request),
+            event_id=event_id,
+            at_ms=at_ms,
+        )
+        self._hashes = [event_hash(encode_event(pre))]
+        started = ProjectingStarted(
+            version=2,
+            prev_hash=self._hashes[0],
+            raw_sha256=payload_digest(payloads.raw),
+            raw_bytes=len(payloads.raw),
+            event_id=event_id,
+            at_ms=at_ms,
+        )
+        self._hashes.append(event_hash(encode_event(started)))
+        done = Completed(
+            version=3,
+            prev_hash=self._hashes[1],
+            result_sha256=payload_digest(payloads.result),
+            result_bytes=len(payloads.result),
+            evidence_status=EvidenceStatus.EVIDENCE_FOUND,
+            scope=SCOPE,
+            event_id=event_id,
+            at_ms=at_ms,
+        )
+        self._hashes.append(event_hash(encode_event(done)))
+        self._events = [encode_event(pre), encode_event(started), encode_event(done)]
+        pre_fields = event_fields(pre)
+        self._create_tail: list[str | bytes | int] = [
+            at_ms,
+            TTL_MS,
+            RETENTION_MS,
+            1,
+            GENESIS_HASH,
+        ]
+        self._create_fields = [
+            "tool",
+            TOOL,
+            "created_at_ms",
+            pre_fields["created_at_ms"],
+            "request_sha256",
+            pre_fields["request_sha256"],
+            "request_bytes",
+            pre_fields["request_bytes"],
+            "request",
+            payloads.request,
+        ]
+        self._started_pairs = _pairs(event_fields(started), "raw", payloads.raw)
+        self._done_pairs = _pairs(event_fields(done), "result", payloads.result)
+        self._at_ms = at_ms
+
+    def create(self, run_id: str, tool_call_id: str, invocation_id: str) -> tuple[Any, ...]:
+        """``numkeys, *keys, *args`` of the creation call."""
+        k = self._keys
+        return (
+            5,
+            k.record(run_id, tool_call_id),
+            k.stream(run_id, tool_call_id),
+            k.feed_of(run_id),
+            k.run(run_id),
+            k.control_of(run_id),
+            EVENT_ID,
+            self._hashes[0],
+            self._events[0],
+            run_id,
+            tool_call_id,
+            TOOL,
+            invocation_id,
+            *self._create_tail,
+            "run_id",
+            run_id,
+            "tool_call_id",
+            tool_call_id,
+            *self._create_fields,
+        )
+
+    def append(self, run_id: str, tool_call_id: str, version: int) -> tuple[Any, ...]:
+        """``numkeys, *keys, *args`` of the ProjectingStarted (2) or Completed (3) call."""
+        k = self._keys
+        kind = "ProjectingStarted" if version == 2 else "Completed"
+        pairs = self._started_pairs if version == 2 else self._done_pairs
+        return (
+            5,
+            k.record(run_id, tool_call_id),
+            k.stream(run_id, tool_call_id),
+            k.feed_of(run_id),
+            k.progress(run_id),
+            k.run(run_id),
+            kind,
+            version,
+            EVENT_ID,
+            self._hashes[version - 2],
+            self._hashes[version - 1],
+            self._events[version - 1],
+            self._at_ms,
+            RETENTION_MS,
+            run_id,
+            tool_call_id,
+            *pairs,
+        )

@@ -1,0 +1,75 @@
+"""``canon bench``: the performance benchmark (see docs/performance.md).
+
+Starts its own private Redis servers unless ``--redis-url`` or ``REDIS_URL`` names one,
+prints the tables and the goals as PASS/SHORT lines, and writes the JSON report to
+``--json FILE`` (``-`` for standard output). The exit code is 0 whether goals pass or
+not: the benchmark measures, it does not gate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import signal
+import sys
+from typing import Any
+
+from rich.console import Console
+
+from canon.bench import BenchOptions, render, run_benchmark
+from canon.exitcodes import RET_OK, RET_PROBLEM
+
+
+def register(subparsers: Any) -> None:
+    """Add the ``bench`` subcommand."""
+    parser: argparse.ArgumentParser = subparsers.add_parser(
+        "bench", help="measure throughput, latency, memory and scale against the Redis floor"
+    )
+    parser.add_argument("--quick", action="store_true", help="CI-size run (well under a minute)")
+    parser.add_argument("--json", metavar="FILE", help="write the JSON report here ('-': stdout)")
+    parser.add_argument(
+        "--redis-url",
+        default=None,
+        help="benchmark this server (default: $REDIS_URL, else private ones)",
+    )
+    parser.add_argument(
+        "--redis-server",
+        metavar="BINARY",
+        default=None,
+        help="redis-server binary for the private servers",
+    )
+    parser.set_defaults(handler=run)
+
+
+def _terminate(signum: int, frame: object) -> None:
+    # SystemExit unwinds the with-blocks, so private servers are stopped on SIGTERM too.
+    raise SystemExit(128 + signum)
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the benchmark; returns RET_OK, or RET_PROBLEM when it could not run."""
+    signal.signal(signal.SIGTERM, _terminate)
+    preset = BenchOptions.quick_run() if args.quick else BenchOptions.full_run()
+    options = preset.on(args.redis_url or os.environ.get("REDIS_URL"), args.redis_server)
+    to_stdout = args.json == "-"
+    console = Console(file=sys.stderr if to_stdout else sys.stdout, width=160)
+
+    def progress(message: str) -> None:
+        console.print(f"[dim]{message}[/dim]")
+
+    try:
+        report = asyncio.run(run_benchmark(options, progress))
+    except Exception as exc:  # one clear line, never a traceback
+        console.print(f"canon bench: failed: {type(exc).__name__}: {exc}")
+        return RET_PROBLEM
+    render(report, console)
+    if args.json:
+        text = json.dumps(report, indent=2)
+        if to_stdout:
+            sys.stdout.write(text + "\n")
+        else:
+            with open(args.json, "w", encoding="utf-8") as handle:
+                handle.write(text + "\n")
+    return RET_OK

@@ -1,0 +1,243 @@
+"""Auto-pipelining: script calls issued in the same event-loop turn share one round trip.
+
+Every concurrent ``await batcher.call(script, keys, args)`` made before the loop gets back
+to its selector is queued; the first call of a turn schedules a flush with
+``loop.call_soon``, and the flush sends the queue as one non-transactional pipeline of
+EVALSHA commands (a lone call goes out as a plain EVALSHA). Each caller gets its own reply
+or its own exception: one failing script never fails its neighbours.
+
+Ordering: a pipeline carries its calls in the order they were made. A turn larger than
+``max_batch`` is split, and pipelines travel on different pooled connections, so calls of
+different pipelines may run in either order: harmless, because two events of one
+invocation are never in flight together (each append awaits the previous one).
+
+NOSCRIPT (a restarted server, ``SCRIPT FLUSH``) is answered by loading the script and
+re-sending only the commands that were refused: a refused EVALSHA did not run, so the
+re-send cannot apply anything twice. The normal path costs no extra round trip (no
+SCRIPT EXISTS). Connection errors and timeouts are retried with the client's ``Retry``,
+as redis-py retries a pipeline: the connection is dropped and the whole pipeline is sent
+again. That is only safe for idempotent scripts, which the store's are (by event id: a
+re-sent event is answered "applied").
+
+Redis Cluster clients are not batched: a cluster pipeline splits by node and retries
+per node, so :class:`ScriptBatcher` sends each call on its own there.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from typing import Any, Final, cast
+
+import hiredis
+from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
+from redis.commands.core import AsyncScript
+from redis.exceptions import DataError, NoScriptError, ResponseError
+from redis.typing import EncodableT, KeyT
+
+#: Most commands per pipeline. A larger turn is split so that several pipelines are in
+#: flight: Redis runs one while the client reads and prepares another. 8 measured best on
+#: 2 cores at 16 and 64 concurrent writers (docs/performance.md); 32 and 64 were slower.
+DEFAULT_MAX_BATCH: Final = 8
+
+
+async def call_script(script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]) -> Any:
+    """Run ``script`` on its own client, unbatched (the signature of :meth:`ScriptBatcher.call`)."""
+    return await script(keys=keys, args=args)
+
+
+@dataclass(slots=True)
+class BatchStats:
+    """Counters of one batcher, for tests and the benchmark.
+
+    Attributes:
+        calls: script calls made through the batcher.
+        round_trips: pipelines and single EVALSHA commands sent (re-sends included).
+        reloads: scripts loaded again after the server answered NOSCRIPT.
+        largest_batch: the most calls one round trip carried.
+
+    """
+
+    calls: int = 0
+    round_trips: int = 0
+    reloads: int = 0
+    largest_batch: int = 0
+
+
+@dataclass(slots=True)
+class _Call:
+    script: AsyncScript
+    args: tuple[EncodableT, ...]
+    packed: bytes
+    future: asyncio.Future[Any]
+
+
+def pack_evalsha(sha: str, args: tuple[EncodableT, ...]) -> bytes:
+    """Return one EVALSHA command in the Redis protocol (``args`` starts with numkeys).
+
+    hiredis packs in C; redis-py's asyncio connection packs in Python, which costs more
+    than the rest of an append.
+
+    Raises:
+        redis.exceptions.DataError: an argument is not bytes, str, int or float.
+
+    """
+    try:
+        return cast(bytes, hiredis.pack_command(("EVALSHA", sha, *args)))  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise DataError(str(exc)) from None
+
+
+class ScriptBatcher:
+    """Coalesces concurrent script calls on one client into pipelines.
+
+    Meant for idempotent scripts only (see the module doc: a pipeline cut off by a
+    connection error is sent again whole).
+
+    Args:
+        client: the asyncio client; a cluster client is not batched (see module doc).
+        max_batch: most commands per pipeline.
+
+    """
+
+    def __init__(self, client: Redis, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
+        if max_batch < 1:
+            raise ValueError("max_batch must be at least 1")
+        self._client = client
+        self._max_batch = max_batch
+        self._enabled = isinstance(client, Redis)
+        self._queue: list[_Call] = []
+        self._flush_scheduled = False
+        self._in_flight: set[asyncio.Task[None]] = set()
+        self.stats = BatchStats()
+
+    @property
+    def batching(self) -> bool:
+        """Whether calls are coalesced (False for a cluster client: each goes alone)."""
+        return self._enabled
+
+    def __repr__(self) -> str:
+        s = self.stats
+        return (
+            f"<ScriptBatcher calls={s.calls} round_trips={s.round_trips} "
+            f"reloads={s.reloads} largest_batch={s.largest_batch}>"
+        )
+
+    async def call(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> Any:
+        """Run ``script`` with ``keys`` and ``args``, sharing a round trip with its turn.
+
+        Returns:
+            The script's reply, exactly as ``EVALSHA`` returns it.
+
+        Raises:
+            redis.exceptions.RedisError: this call's own error reply, or the error that
+                ended its pipeline (after redis-py's retries).
+
+        """
+        self.stats.calls += 1
+        if not self._enabled:
+            return await script(keys=keys, args=args)
+        loop = asyncio.get_running_loop()
+        future: asyncio.Future[Any] = loop.create_future()
+        packed_args = (len(keys), *keys, *args)
+        self._queue.append(
+            _Call(script, packed_args, pack_evalsha(script.sha, packed_args), future)
+        )
+        if not self._flush_scheduled:
+            self._flush_scheduled = True
+            loop.call_soon(self._flush)
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if future.done() and not future.cancelled():
+                future.exception()  # retrieved: the reply came, its caller left
+            raise
+
+    async def drain(self) -> None:
+        """Wait until every batch already sent has been answered."""
+        while self._in_flight or self._queue:
+            await asyncio.gather(*self._in_flight, asyncio.sleep(0), return_exceptions=True)
+
+    def _flush(self) -> None:
+        self._flush_scheduled = False
+        # A caller cancelled before the flush never reaches Redis.
+        queue = [call for call in self._queue if not call.future.done()]
+        self._queue = []
+        loop = asyncio.get_running_loop()
+        for start in range(0, len(queue), self._max_batch):
+            task = loop.create_task(self._send(queue[start : start + self._max_batch]))
+            self._in_flight.add(task)
+            task.add_done_callback(self._in_flight.discard)
+
+    async def _send(self, batch: list[_Call]) -> None:
+        try:
+            replies = await self._execute(batch)
+        except asyncio.CancelledError:
+            for call in batch:
+                call.future.cancel()
+            raise
+        except Exception as exc:
+            for call in batch:
+                if not call.future.done():
+                    call.future.set_exception(exc)
+            return
+        for call, reply in zip(batch, replies, strict=True):
+            if call.future.done():
+                continue
+            if isinstance(reply, Exception):
+                call.future.set_exception(reply)
+            else:
+                call.future.set_result(reply)
+
+    async def _execute(self, batch: list[_Call]) -> list[Any]:
+        replies = await self._round_trip(batch)
+        refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+        if refused:
+            scripts = {id(batch[i].script): batch[i].script for i in refused}
+            for script in scripts.values():
+                script.sha = await self._client.script_load(script.script)
+                self.stats.reloads += 1
+            again = [batch[i] for i in refused]
+            for call in again:
+                call.packed = pack_evalsha(call.script.sha, call.args)
+            for i, reply in zip(refused, await self._round_trip(again), strict=True):
+                replies[i] = reply
+        return replies
+
+    async def _round_trip(self, batch: list[_Call]) -> list[Any]:
+        """Send ``batch`` on one pooled connection; error replies come back in place.
+
+        Connection errors and timeouts are retried with the connection's ``Retry``
+        (the client's), as redis-py retries a pipeline: the connection is dropped and the
+        whole batch is sent again on a fresh one.
+        """
+        stats = self.stats
+        stats.round_trips += 1
+        stats.largest_batch = max(stats.largest_batch, len(batch))
+        packed = [call.packed for call in batch]
+        pool = self._client.connection_pool
+        connection = cast(Connection, await pool.get_connection())  # type: ignore[no-untyped-call]
+        try:
+            replies: list[Any] = await connection.retry.call_with_retry(
+                lambda: _exchange(connection, packed),
+                lambda _error: connection.disconnect(),
+            )
+        finally:
+            await pool.release(connection)
+        return replies
+
+
+async def _exchange(connection: Connection, packed: list[bytes]) -> list[Any]:
+    """Write every command, then read one reply per command (all of them, always)."""
+    await connection.send_packed_command(packed, check_health=False)
+    replies: list[Any] = []
+    for _ in packed:
+        try:
+            replies.append(await connection.read_response())
+        except ResponseError as exc:
+            replies.append(exc)
+    return replies

@@ -1,0 +1,233 @@
+"""Auto-pipelining: concurrent script calls share round trips, each caller gets its own reply."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import ResponseError
+
+from eventstore.batching import DEFAULT_MAX_BATCH, ScriptBatcher
+from eventstore.embedded import EmbeddedRedis, ServerBinary
+from eventstore.errors import Refused, StoreUnavailable
+from eventstore.store import Store
+from eventstore.writer import Head
+from machine.codes import EvidenceStatus
+from tests.helpers import RAW, REQUEST, RESULT, TOOL
+
+PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
+INCR = "return redis.call('INCR', KEYS[1])"
+
+
+async def _evalsha_calls(client: Redis) -> int:
+    stats = await client.info("commandstats")
+    return int(stats.get("cmdstat_evalsha", {}).get("calls", 0))
+
+
+async def _lifecycle(store: Store, run_id: str, tool_call_id: str) -> Head:
+    head = await store.writer.create(run_id, tool_call_id, TOOL, REQUEST)
+    head = await store.writer.start_projecting(head, RAW)
+    return await store.writer.complete(head, RESULT, EvidenceStatus.EVIDENCE_FOUND, "scope")
+
+
+async def _open(store: Store, run_id: str = "run-1") -> str:
+    await store.open_run(run_id, deadline=timedelta(minutes=5), tools={TOOL: None})
+    return run_id
+
+
+@pytest.fixture
+def private_server(server_binary: ServerBinary) -> Iterator[EmbeddedRedis]:
+    """A server of its own, for tests that flush scripts or kill connections."""
+    with EmbeddedRedis(server_binary) as server:
+        yield server
+
+
+@pytest.fixture
+async def private_store(private_server: EmbeddedRedis) -> AsyncIterator[Store]:
+    """A store on the private server, closed after the test."""
+    store = Store.from_url(private_server.url, namespace="batching")
+    async with store:
+        yield store
+
+
+async def test_concurrent_appends_share_round_trips(store: Store, redis: Redis) -> None:
+    """64 concurrent lifecycles need far fewer round trips than script calls, each run once."""
+    run_id = await _open(store)
+    await _lifecycle(store, run_id, "warm")  # the scripts are loaded on the server
+    before, stats = await _evalsha_calls(redis), store.batcher.stats
+    calls, round_trips = stats.calls, stats.round_trips
+    heads = await asyncio.gather(*(_lifecycle(store, run_id, f"call-{i}") for i in range(64)))
+    assert stats.calls - calls == 192
+    assert stats.round_trips - round_trips <= 192 // 4
+    assert stats.largest_batch > 1
+    assert await _evalsha_calls(redis) - before == 192
+    assert {head.version for head in heads} == {3}
+
+
+async def test_each_invocation_keeps_its_event_order(store: Store, redis: Redis) -> None:
+    """Batched lifecycles leave every stream and every feed in version order."""
+    run_id = await _open(store)
+    calls = [f"call-{i}" for i in range(40)]
+    await asyncio.gather(*(_lifecycle(store, run_id, call) for call in calls))
+    for call in calls:
+        events = await store.events(run_id, call)
+        assert [stored.event.version for stored in events if stored.event] == [1, 2, 3]
+    feed = await redis.xrange(store.keys.feed_of(run_id))
+    seen: dict[bytes, list[int]] = {}
+    for _, fields in feed:
+        seen.setdefault(fields[b"c"], []).append(int(fields[b"v"]))
+    assert seen == {call.encode(): [1, 2, 3] for call in calls}
+
+
+async def test_a_batch_runs_in_call_order(redis: Redis, namespace: str) -> None:
+    """Calls made in one event-loop turn are executed in the order they were made."""
+    batcher = ScriptBatcher(redis, max_batch=64)
+    push = redis.register_script(PUSH)
+    await redis.script_load(PUSH)
+    key = f"{namespace}:order"
+    await asyncio.gather(*(batcher.call(push, [key], [i]) for i in range(50)))
+    assert await redis.lrange(key, 0, -1) == [str(i).encode() for i in range(50)]
+    assert batcher.stats.round_trips == 1
+    await redis.delete(key)
+
+
+async def test_a_large_turn_is_split_into_pipelines_of_max_batch(
+    redis: Redis, namespace: str
+) -> None:
+    """A turn with more calls than max_batch goes out as several pipelines, all answered."""
+    batcher = ScriptBatcher(redis, max_batch=8)
+    push = redis.register_script(PUSH)
+    await redis.script_load(PUSH)
+    key = f"{namespace}:split"
+    replies = await asyncio.gather(*(batcher.call(push, [key], [i]) for i in range(20)))
+    assert sorted(replies) == list(range(1, 21))
+    assert (batcher.stats.round_trips, batcher.stats.largest_batch) == (3, 8)
+    assert sorted(int(v) for v in await redis.lrange(key, 0, -1)) == list(range(20))
+    await redis.delete(key)
+
+
+async def test_a_failing_command_does_not_fail_its_neighbours(redis: Redis, namespace: str) -> None:
+    """A script error reaches only its own caller; the rest of its pipeline succeeds."""
+    batcher = ScriptBatcher(redis)
+    incr = redis.register_script(INCR)
+    await redis.script_load(INCR)
+    bad = f"{namespace}:text"
+    await redis.set(bad, "not a number")
+    keys = [f"{namespace}:n{i}" for i in range(5)]
+    replies = await asyncio.gather(
+        *(batcher.call(incr, [key], []) for key in [*keys[:2], bad, *keys[2:]]),
+        return_exceptions=True,
+    )
+    assert isinstance(replies[2], ResponseError)
+    assert replies[:2] + replies[3:] == [1, 1, 1, 1, 1]
+    assert batcher.stats.round_trips == 1
+    await redis.delete(bad, *keys)
+
+
+async def test_a_refusal_in_a_batch_leaves_the_others_applied(store: Store) -> None:
+    """A duplicate creation is refused alone while its batch's other creations apply."""
+    run_id = await _open(store)
+    results = await asyncio.gather(
+        *(store.writer.create(run_id, call, TOOL, REQUEST) for call in ["a", "b", "a", "c"]),
+        return_exceptions=True,
+    )
+    refused = [r for r in results if isinstance(r, Refused)]
+    assert [r.code for r in refused] == ["DUPLICATE_TOOL_CALL"]
+    assert sorted(r.tool_call_id for r in results if isinstance(r, Head)) == ["a", "b", "c"]
+
+
+async def test_a_caller_cancelled_before_the_flush_is_never_sent(
+    redis: Redis, namespace: str
+) -> None:
+    """Cancelling a queued call drops it; the other calls of its turn still run."""
+    batcher = ScriptBatcher(redis)
+    push = redis.register_script(PUSH)
+    key = f"{namespace}:cancel"
+    tasks = [asyncio.create_task(batcher.call(push, [key], [i])) for i in range(6)]
+    await asyncio.sleep(0)  # every call is queued, the flush is not yet run
+    tasks[3].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[3], asyncio.CancelledError)
+    assert await redis.lrange(key, 0, -1) == [b"0", b"1", b"2", b"4", b"5"]
+    await redis.delete(key)
+
+
+async def test_a_caller_cancelled_in_flight_leaves_the_others_answered(
+    redis: Redis, namespace: str
+) -> None:
+    """Cancelling a caller whose batch is on the wire changes nothing for its neighbours."""
+    batcher = ScriptBatcher(redis)
+    push = redis.register_script(PUSH)
+    key = f"{namespace}:flight"
+    tasks = [asyncio.create_task(batcher.call(push, [key], [i])) for i in range(6)]
+    for _ in range(3):
+        await asyncio.sleep(0)  # flushed: the batch's task is sending or waiting
+    tasks[0].cancel()
+    results = await asyncio.gather(*tasks, return_exceptions=True)
+    assert isinstance(results[0], asyncio.CancelledError)
+    assert sorted(r for r in results[1:] if isinstance(r, int)) == [2, 3, 4, 5, 6]
+    await batcher.drain()
+    assert await redis.llen(key) == 6
+    await redis.delete(key)
+
+
+async def test_noscript_after_script_flush_is_recovered_inside_a_batch(
+    private_store: Store,
+) -> None:
+    """After SCRIPT FLUSH a batch loads the script once and re-sends only the refused calls."""
+    run_id = await _open(private_store)
+    await _lifecycle(private_store, run_id, "warm")
+    await private_store.client.script_flush()
+    stats = private_store.batcher.stats
+    reloads, round_trips = stats.reloads, stats.round_trips
+    calls = [f"call-{i}" for i in range(DEFAULT_MAX_BATCH)]  # exactly one pipeline
+    heads = await asyncio.gather(
+        *(private_store.writer.create(run_id, call, TOOL, REQUEST) for call in calls)
+    )
+    assert [head.version for head in heads] == [1] * len(calls)
+    assert (stats.reloads - reloads, stats.round_trips - round_trips) == (1, 2)
+    for call in calls:
+        record = await private_store.get(run_id, call)
+        assert record is not None and record.state.version == 1
+
+
+async def test_killed_connections_are_retried_without_double_writes(
+    private_store: Store, private_server: EmbeddedRedis
+) -> None:
+    """A batch whose pooled connection was killed is re-sent once; every event applies once."""
+    run_id = await _open(private_store)
+    await asyncio.gather(*(_lifecycle(private_store, run_id, f"warm-{i}") for i in range(8)))
+    async with Redis.from_url(private_server.url) as admin:
+        assert await admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    heads = await asyncio.gather(
+        *(_lifecycle(private_store, run_id, f"call-{i}") for i in range(16))
+    )
+    assert {head.version for head in heads} == {3}
+    for i in range(16):
+        assert len(await private_store.events(run_id, f"call-{i}")) == 3
+
+
+async def test_an_unreachable_server_fails_every_caller_of_the_batch(
+    private_server: EmbeddedRedis,
+) -> None:
+    """When Redis is gone, each batched caller gets StoreUnavailable, nothing hangs."""
+    store = Store.from_url(private_server.url, namespace="gone", timeout_s=0.5)
+    async with store:
+        run_id = await _open(store)
+        private_server.stop()
+        results: list[Any] = await asyncio.gather(
+            *(store.writer.create(run_id, f"call-{i}", TOOL, REQUEST) for i in range(8)),
+            return_exceptions=True,
+        )
+        assert all(isinstance(result, StoreUnavailable) for result in results)
+
+
+def test_a_cluster_client_is_not_batched() -> None:
+    """A cluster client's calls go out one by one (cluster pipelines split by node)."""
+    client = RedisCluster(host="127.0.0.1", port=1)
+    assert ScriptBatcher(client).batching is False  # type: ignore[arg-type]
