@@ -11,8 +11,10 @@ from eventstore.contracts import (
     ToolResult,
     ToolSpec,
 )
+from eventstore.durability import DurabilityError
 from eventstore.errors import CanonError, Refused, StoreUnavailable
 from eventstore.reader import InvocationRecord, StoredEvent
+from eventstore.replication import ReplicationTimeout
 from eventstore.runs import OpenedRun, RunInfo
 from eventstore.store import Store
 from machine.limits import Limits
@@ -20,11 +22,13 @@ from machine.limits import Limits
 __all__ = [
     "AgentReply",
     "CanonError",
+    "DurabilityError",
     "InvocationRecord",
     "Limits",
     "OpenedRun",
     "Projection",
     "Refused",
+    "ReplicationTimeout",
     "RunContext",
     "RunInfo",
     "Store",

@@ -11,15 +11,29 @@ from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Final, Self
 
-from redis.asyncio import Redis
+from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from eventstore.batching import ScriptBatcher
+from eventstore.cluster import (
+    cluster_client,
+    cluster_of,
+    split_cluster_parameter,
+    store_client,
+)
+from eventstore.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.errors import InvalidArgument, NamespaceMismatch, redis_errors
 from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, Keys
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
+from eventstore.replication import (
+    DEFAULT_REPLICA_TIMEOUT_MS,
+    ReplicaAcknowledgedCalls,
+    validate_replicas,
+)
 from eventstore.runs import OpenedRun, RunInfo, RunRegistry
 from eventstore.scripts import Scripts
 from eventstore.writer import Writer, now_ms
@@ -39,37 +53,56 @@ class Store:
     """The canonical invocation store of one namespace.
 
     Use :meth:`from_url` to build one; ``async with`` checks the namespace settings and
-    closes the connection pool at the end.
+    closes the connection pool at the end. On a Redis Cluster, ``cluster`` is the
+    cluster client (``client`` is the same object; see :mod:`eventstore.cluster`).
     """
 
     def __init__(
         self,
-        client: Redis,
+        client: Redis | RedisCluster,
         *,
         namespace: str = DEFAULT_NAMESPACE,
         shards: int = DEFAULT_SHARDS,
         ttl: timedelta = DEFAULT_TTL,
         limits: Limits | None = None,
         timeout_s: float = 2.0,
+        durability: DurabilityMode = "warn",
+        replicas: int = 0,
+        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
     ) -> None:
         if ttl <= timedelta(0):
             raise InvalidArgument("ttl must be positive")
-        self.client = client
+        validate_replicas(
+            replicas,
+            replica_timeout_ms,
+            timeout_s=timeout_s,
+            cluster=cluster_of(client) is not None,
+        )
+        self.durability: DurabilityMode = durability
+        self.replicas = replicas
+        self.cluster = cluster_of(client)
+        self.client = store_client(client)
         self.keys = Keys(namespace, shards)
         self.ttl_ms = _ms(ttl)
         self.limits = limits or Limits()
         self.timeout_s = timeout_s
         self.feed_retention_ms = self.ttl_ms + _ms(FEED_GRACE)
-        self.scripts = Scripts(client)
+        self.scripts = Scripts(self.client)
+        self.batcher = (
+            ReplicaAcknowledgedCalls(self.client, replicas=replicas, timeout_ms=replica_timeout_ms)
+            if replicas
+            else ScriptBatcher(self.client)
+        )
         self.writer = Writer(
-            client,
+            self.client,
             self.keys,
             self.scripts,
             ttl_ms=self.ttl_ms,
             feed_retention_ms=self.feed_retention_ms,
+            batcher=self.batcher,
         )
-        self.reader = Reader(client, self.keys)
-        self.runs = RunRegistry(client, self.keys, self.scripts, ttl_ms=self.ttl_ms)
+        self.reader = Reader(self.client, self.keys)
+        self.runs = RunRegistry(self.client, self.keys, self.scripts, ttl_ms=self.ttl_ms)
 
     @classmethod
     def from_url(
@@ -82,21 +115,42 @@ class Store:
         limits: Limits | None = None,
         timeout_s: float = 2.0,
         max_connections: int = 64,
+        cluster: bool = False,
+        durability: DurabilityMode = "warn",
+        replicas: int = 0,
+        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
     ) -> Store:
         """Build a store on ``redis://``, ``rediss://`` or ``unix://`` ``url``.
 
         Every command is bounded by ``timeout_s``; connection errors are retried a few
         times with backoff, which is safe because every write is idempotent by event id.
+        With ``cluster`` (or ``?cluster=1`` in the URL), ``url`` names any node of a
+        Redis Cluster; the other nodes are discovered from it.
+
+        ``durability`` (``warn``, ``strict`` or ``off``) decides what entering the store
+        does about a server that could lose or evict records (see
+        :mod:`eventstore.durability`). With ``replicas`` > 0 an append is acknowledged
+        only once that many replicas have it, waiting at most ``replica_timeout_ms``
+        (see :mod:`eventstore.replication`).
         """
-        client = Redis.from_url(
-            url,
-            socket_timeout=timeout_s,
-            socket_connect_timeout=timeout_s,
-            retry=Retry(ExponentialBackoff(cap=0.25, base=0.01), 3),
-            retry_on_error=[RedisConnectionError, RedisTimeoutError],
-            max_connections=max_connections,
-            decode_responses=False,
-        )
+        url, cluster_in_url = split_cluster_parameter(url)
+        client: Redis | RedisCluster
+        if cluster or cluster_in_url:
+            client = cluster_client(url, timeout_s=timeout_s, max_connections=max_connections)
+        else:
+            # A blocking pool makes a burst beyond max_connections wait (up to timeout_s)
+            # for a free connection instead of failing at once.
+            pool = BlockingConnectionPool.from_url(
+                url,
+                timeout=timeout_s,
+                socket_timeout=timeout_s,
+                socket_connect_timeout=timeout_s,
+                retry=Retry(ExponentialBackoff(cap=0.25, base=0.01), 3),
+                retry_on_error=[RedisConnectionError, RedisTimeoutError],
+                max_connections=max_connections,
+                decode_responses=False,
+            )
+            client = Redis.from_pool(pool)
         return cls(
             client,
             namespace=namespace,
@@ -104,11 +158,15 @@ class Store:
             ttl=ttl,
             limits=limits,
             timeout_s=timeout_s,
+            durability=durability,
+            replicas=replicas,
+            replica_timeout_ms=replica_timeout_ms,
         )
 
     async def __aenter__(self) -> Self:
         try:
             await self.check_namespace()
+            await self.check_durability()
         except BaseException:
             # ``async with`` skips __aexit__ when entering fails; the pool is ours to close.
             await self.aclose()
@@ -125,6 +183,7 @@ class Store:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
+        await self.batcher.drain()
         await self.client.aclose()
 
     async def check_namespace(self) -> None:
@@ -142,6 +201,17 @@ class Store:
             raise NamespaceMismatch(
                 f"namespace has {int(stored)} shards; this store was built with {self.keys.shards}"
             )
+
+    async def check_durability(self, mode: DurabilityMode | None = None) -> DurabilityReport | None:
+        """Judge the server's persistence, eviction policy and replicas (default: own mode).
+
+        Raises:
+            DurabilityError: in strict mode, records could be lost or evicted.
+
+        """
+        return await check_durability(
+            self.client, mode or self.durability, cluster=self.cluster, replicas=self.replicas
+        )
 
     async def open_run(
         self,
@@ -163,6 +233,10 @@ class Store:
     async def close_run(self, run_id: str) -> bool:
         """Mark a run inactive; False when the run is unknown."""
         return await self.runs.close(run_id)
+
+    async def revoke_token(self, run_id: str) -> bool:
+        """Withdraw a run's access token (receipts stop answering it); False when unknown."""
+        return await self.runs.revoke_token(run_id)
 
     async def run_info(self, run_id: str) -> RunInfo | None:
         """Return a run's registry entry, or None."""

@@ -32,7 +32,11 @@ class BaseProjection:
         return self.store.keys.position(shard, self._name)
 
     async def settle(self, shard: int, entry_id: str, counter: str) -> Outcome:
-        """Acknowledge an entry that yields no output, counting it under ``counter``."""
+        """Acknowledge an entry that yields no output, counting it under ``counter``.
+
+        ``counter`` is ``stale`` for an entry the projection already went past, else the
+        reason it has nothing to project (``expired``, ``gone``).
+        """
         keys = self.store.keys
         outcome, _ = await self.scripts.settle(
             [self.position_key(shard), keys.feed(shard)],
@@ -43,7 +47,7 @@ class BaseProjection:
         )
         if outcome == "duplicate":
             return Outcome.DUPLICATE
-        return Outcome.EXPIRED
+        return Outcome.STALE if counter == Outcome.STALE.value else Outcome.EXPIRED
 
     async def dead_letter(
         self,

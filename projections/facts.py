@@ -131,6 +131,56 @@ async def _read_page(
     ]
 
 
+class FactScan(msgspec.Struct, kw_only=True):
+    """How far facts have been resolved along a run's progress list.
+
+    Attributes:
+        facts: the facts found so far, in execution order.
+        used_bytes: their encoded size.
+        position: how many progress identities have been read.
+        full: the count or byte bound was reached; no later identity can add a fact.
+    """
+
+    facts: list[ObservedFact] = msgspec.field(default_factory=list)
+    used_bytes: int = 0
+    position: int = 0
+    full: bool = False
+
+
+async def extend_facts(store: Store, run_id: str, scan: FactScan | None = None) -> FactScan:
+    """Resolve the identities appended since ``scan`` and return the extended scan.
+
+    Identities only ever get appended to a progress list, and a finished record's fact
+    never changes, so a projection can extend an earlier scan instead of starting over
+    (a fact whose record has expired since stays in the extended scan; only a scan from
+    the start, as :func:`observed_facts` does, drops it). ``scan`` is not modified.
+    """
+    limits = store.limits
+    scan = FactScan() if scan is None else msgspec.structs.replace(scan, facts=list(scan.facts))
+    if scan.full or not is_safe_id(run_id):
+        return scan
+    page_size = max(16, limits.fact_count)
+    while True:
+        page = await _read_page(store, run_id, scan.position, page_size)
+        for identity, values in page:
+            scan.position += 1
+            fact = (
+                None
+                if values is None
+                else fact_from_fields(scan.position, run_id, identity, values)
+            )
+            if fact is None:
+                continue
+            size = len(_encoder.encode(fact))
+            if len(scan.facts) >= limits.fact_count or scan.used_bytes + size > limits.facts_bytes:
+                scan.full = True
+                return scan
+            scan.facts.append(fact)
+            scan.used_bytes += size
+        if len(page) < page_size:
+            return scan
+
+
 async def observed_facts(store: Store, ctx: RunContext) -> list[ObservedFact]:
     """Resolve the run's finished calls into bounded facts, in execution order.
 
@@ -138,27 +188,4 @@ async def observed_facts(store: Store, ctx: RunContext) -> list[ObservedFact]:
     encoded facts are returned; later facts are left out rather than cut. The progress
     list is read in pages, so a long run costs no more memory than one page.
     """
-    run_id = ctx.run_id
-    if not is_safe_id(run_id):
-        return []
-    limits = store.limits
-    page_size = max(16, limits.fact_count)
-    facts: list[ObservedFact] = []
-    used = 0
-    position = 0
-    while True:
-        page = await _read_page(store, run_id, position, page_size)
-        for identity, values in page:
-            position += 1
-            if values is None:
-                continue
-            fact = fact_from_fields(position, run_id, identity, values)
-            if fact is None:
-                continue
-            size = len(_encoder.encode(fact))
-            if len(facts) >= limits.fact_count or used + size > limits.facts_bytes:
-                return facts
-            facts.append(fact)
-            used += size
-        if len(page) < page_size:
-            return facts
+    return (await extend_facts(store, ctx.run_id)).facts

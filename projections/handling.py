@@ -35,8 +35,10 @@ class EntryHandler:
         max_deliveries: int,
         throttle_ms: int = 0,
         metrics: Metrics | None = None,
+        concurrency: int = 16,
     ) -> None:
         self.projection = projection
+        self._slots = asyncio.Semaphore(concurrency)
         self.max_deliveries = max_deliveries
         self.throttle_ms = throttle_ms
         self.metrics = metrics
@@ -51,10 +53,26 @@ class EntryHandler:
     async def handle_all(
         self, shard: int, entries: list[Entry], deliveries: Mapping[str, int]
     ) -> None:
-        """Settle a batch in order; ``deliveries`` gives known delivery counts (default 1)."""
+        """Settle a batch; ``deliveries`` gives known delivery counts (default 1).
+
+        Entries of one invocation are settled in feed order; different invocations are
+        settled concurrently, at most ``concurrency`` entries at a time per handler. Each
+        write is version-guarded and settles its own entry, so the order across
+        invocations does not matter.
+        """
         # A batch is always finished, even after stop(): its entries are then acked.
-        for entry_id, fields in entries:
-            await self.handle(shard, entry_id, fields, deliveries.get(entry_id, 1))
+        lanes: dict[object, list[Entry]] = {}
+        for entry in entries:
+            fields = entry[1]
+            lane = (fields.get(b"r"), fields.get(b"c")) if fields else entry[0]
+            lanes.setdefault(lane, []).append(entry)
+
+        async def settle_lane(lane: list[Entry]) -> None:
+            for entry_id, fields in lane:
+                async with self._slots:
+                    await self.handle(shard, entry_id, fields, deliveries.get(entry_id, 1))
+
+        await asyncio.gather(*(settle_lane(lane) for lane in lanes.values()))
 
     async def handle(
         self, shard: int, entry_id: str, fields: dict[bytes, bytes] | None, deliveries: int

@@ -27,7 +27,7 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Route
+from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventstore.contracts import RunContext
@@ -219,6 +219,8 @@ def create_app(store: Store, *, metrics: Metrics | None = None) -> Starlette:
         return response
 
     return Starlette(
-        routes=[Route("/{path:path}", _Endpoint(answer))],
+        # A Mount at the root hands every path to the endpoint (a "{path:path}" Route does
+        # not match a path holding a line feed), so every request gets the same checks.
+        routes=[Mount("/", app=_Endpoint(answer))],
         middleware=[Middleware(NoStoreMiddleware)],
     )

@@ -3,23 +3,23 @@
 The view of a run lives at ``keys.run_view(run_id)`` and expires with the run. It counts
 the run's invocations by public status and by evidence status, keeps the time of the last
 change, and holds the run's observed facts (:func:`projections.facts.observed_facts`)
-in execution order, recomputed when a call finishes. It holds ids, statuses, scopes and
+in execution order, extended when a call finishes. It holds ids, statuses, scopes and
 digests; never a request, a raw response or an agent result.
 """
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Any, Final, Unpack, cast
 
 import msgspec
 
-from eventstore.contracts import RunContext
 from eventstore.errors import redis_errors
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import Status
 from projections.base import BaseProjection
-from projections.facts import observed_facts
+from projections.facts import FactScan, extend_facts
 from projections.feed import FeedEntry, Outcome
 from projections.runtime import Worker, WorkerOptions
 
@@ -27,6 +27,7 @@ PROGRESS_PROJECTION: Final = "progress"
 
 _RECORD_FIELDS: Final = ("status", "evidence_status", "version", "updated_at_ms")
 _TERMINAL: Final = frozenset({Status.READY.value, Status.ERROR.value})
+_SCAN_MEMORY: Final = 1024
 _encoder: Final = msgspec.json.Encoder()
 
 
@@ -56,6 +57,16 @@ class ProgressProjection(BaseProjection):
 
     def __init__(self, store: Store, name: str = PROGRESS_PROJECTION) -> None:
         super().__init__(store, name)
+        # Per-run fact scans, extended as calls finish instead of recomputed from the
+        # start each time (which made a long run quadratic); bounded, least recent out.
+        self._scans: OrderedDict[str, FactScan] = OrderedDict()
+
+    async def _facts(self, run_id: str) -> FactScan:
+        scan = await extend_facts(self.store, run_id, self._scans.pop(run_id, None))
+        self._scans[run_id] = scan
+        if len(self._scans) > _SCAN_MEMORY:
+            self._scans.popitem(last=False)
+        return scan
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Count the invocation's current status; recompute the facts when it finished."""
@@ -71,9 +82,8 @@ class ProgressProjection(BaseProjection):
         status, evidence, version, updated = (cast(bytes, v).decode() for v in values)
         facts, covered = b"", 0
         if status in _TERMINAL:
-            async with redis_errors():
-                covered = int(await store.client.llen(keys.progress(run_id)))
-            facts = _encoder.encode(await observed_facts(store, RunContext(run_id)))
+            scan = await self._facts(run_id)
+            facts, covered = _encoder.encode(scan.facts), scan.position
         outcome, _ = await self.scripts.view_put(
             [
                 keys.run_view(run_id),

@@ -8,6 +8,7 @@ versioned by the record's version, so a late or repeated feed entry never regres
 
 from __future__ import annotations
 
+from collections import OrderedDict
 from typing import Final, Unpack, cast
 
 from eventstore.errors import redis_errors
@@ -21,6 +22,7 @@ from projections.runtime import Worker, WorkerOptions
 from projections.snapshot import read_snapshot, receipt_of
 
 RECEIPT_PROJECTION: Final = "receipts"
+_VERSION_MEMORY: Final = 65536
 
 
 class ReceiptProjection(BaseProjection):
@@ -28,15 +30,28 @@ class ReceiptProjection(BaseProjection):
 
     def __init__(self, store: Store, name: str = RECEIPT_PROJECTION) -> None:
         super().__init__(store, name)
+        # Version each invocation's receipt was last stored at by this process. A receipt
+        # is rebuilt from the record as it is now, so the entries of earlier versions that
+        # follow it carry nothing new: they are settled as stale without a rebuild.
+        self._stored: OrderedDict[tuple[str, str], int] = OrderedDict()
+
+    def _remember(self, invocation: tuple[str, str], version: int) -> None:
+        self._stored.pop(invocation, None)
+        self._stored[invocation] = version
+        if len(self._stored) > _VERSION_MEMORY:
+            self._stored.popitem(last=False)
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Rebuild the entry's receipt from the record as it is now; store it if newer."""
         store, keys = self.store, self.store.keys
+        invocation = (entry.run_id, entry.tool_call_id)
+        if entry.version <= self._stored.get(invocation, 0):
+            return await self.settle(entry.shard, entry.entry_id, Outcome.STALE.value)
         snapshot = await read_snapshot(store, entry.run_id, entry.tool_call_id)
         if not snapshot.fields:
             return await self.settle(entry.shard, entry.entry_id, "expired")
         receipt = receipt_of(store, snapshot)
-        outcome, _ = await self.scripts.receipt_put(
+        outcome, stored_version = await self.scripts.receipt_put(
             [
                 keys.receipt(entry.run_id, invocation_id(entry.run_id, entry.tool_call_id)),
                 keys.record(entry.run_id, entry.tool_call_id),
@@ -49,6 +64,8 @@ class ReceiptProjection(BaseProjection):
             body=encode_receipt(receipt),
             now=now_ms(),
         )
+        if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and stored_version.isdigit():
+            self._remember(invocation, int(stored_version))
         return Outcome(outcome)
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:

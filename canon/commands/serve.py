@@ -53,6 +53,8 @@ def register(subparsers: Any) -> None:
 
 async def _serve(args: argparse.Namespace) -> None:
     async with open_store(args, embedded=True) as store:
+        if args.strict_durability:
+            await store.check_durability("strict")
         metrics = Metrics()
         server = ReceiptServer(create_app(store, metrics=metrics), host=args.host, port=args.port)
         workers = build_workers(store, args, metrics) if args.with_workers else []

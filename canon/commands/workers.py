@@ -66,6 +66,12 @@ def add_worker_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
     )
+    parser.add_argument(
+        "--strict-durability",
+        action="store_true",
+        help="refuse to start when the server could lose or evict records "
+        "(default: log a durability_warning)",
+    )
 
 
 def build_workers(store: Store, args: argparse.Namespace, metrics: Metrics) -> list[Worker]:
@@ -110,6 +116,8 @@ def register(subparsers: Any) -> None:
 
 async def _work(args: argparse.Namespace) -> None:
     async with open_store(args, embedded=True) as store:
+        if args.strict_durability:
+            await store.check_durability("strict")
         metrics = Metrics()
         with serving_metrics(metrics, args.metrics_port):
             await run_workers(build_workers(store, args, metrics), burst=args.burst)

@@ -1,6 +1,7 @@
 -- settle.lua: acknowledge an entry that produces no output, counting why.
 --
--- Used for entries whose record has expired or whose stream entry was trimmed away.
+-- Used for entries whose record has expired or whose stream entry was trimmed away, and
+-- for entries older than what the projection already materialized (counted as stale).
 --
 -- KEYS[1] position hash    KEYS[2] shard feed
 -- ARGV[1] consumer group   ARGV[2] feed entry id   ARGV[3] counter name   ARGV[4] now (ms)
