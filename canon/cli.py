@@ -22,7 +22,6 @@ COMMANDS: Final = (
     "export",
     "inspect",
     "status",
-    "rebuild",
     "workers",
     "serve",
     "bench",
@@ -43,13 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in COMMANDS:
-        try:
-            module = importlib.import_module(f"canon.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name != f"canon.commands.{name}":
-                raise
-            continue
-        module.register(subparsers)
+        importlib.import_module(f"canon.commands.{name}").register(subparsers)
     return parser
 
 

@@ -15,7 +15,7 @@ from typing import IO
 
 import msgspec
 
-from canon.commands.replay import fail, run_read_only
+from canon.commands.readonly import fail, run_read_only
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit_tools import export_run

@@ -1,16 +1,9 @@
-"""``canon replay RUN_ID [TOOL_CALL_ID]``: what happened to each call, and is it intact.
-
-Also home of :func:`run_read_only`, the connection glue every read-only audit command
-(replay, verify, export, status) shares: it opens the store without writing a byte and
-turns connection failures into one line on standard error and exit code 2.
-"""
+"""``canon replay RUN_ID [TOOL_CALL_ID]``: what happened to each call, and is it intact."""
 
 from __future__ import annotations
 
 import argparse
-import asyncio
 import sys
-from collections.abc import Awaitable, Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -18,50 +11,12 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from canon.connection import add_connection_args, configured_url
+from canon.commands.readonly import fail, run_read_only, stdout_console
+from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
-from eventstore.audit_tools import InvocationReplay, open_read_only, replay_invocation, replay_run
-from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.audit_tools import InvocationReplay, replay_invocation, replay_run
 from eventstore.store import Store
 from machine.ids import is_safe_id
-
-
-def fail(message: str) -> None:
-    """Write one ``canon: error:`` line to standard error."""
-    print(f"canon: error: {message}", file=sys.stderr)
-
-
-def stdout_console() -> Console:
-    """A console on standard output; wide when not a terminal so ids are never cut."""
-    return Console(highlight=False, width=None if sys.stdout.isatty() else 240)
-
-
-def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[int]]) -> int:
-    """Open the configured store read-only, run ``work`` on it, and return its exit code.
-
-    No Redis configured, invalid settings or an unreachable server give one line on
-    standard error (never the URL or a password) and :data:`RET_USAGE`.
-    """
-    url = configured_url(args)
-    if url is None:
-        fail("no Redis configured: set REDIS_URL or --redis-url")
-        return RET_USAGE
-
-    cluster = bool(getattr(args, "cluster", False))
-
-    async def main() -> int:
-        async with open_read_only(
-            url, namespace=args.namespace, shards=args.shards, cluster=cluster
-        ) as store:
-            return await work(store)
-
-    try:
-        return asyncio.run(main())
-    except InvalidArgument as exc:
-        fail(f"invalid connection settings: {exc}")
-    except StoreUnavailable as exc:
-        fail(f"the Redis server is unavailable ({exc})")
-    return RET_USAGE
 
 
 def iso_ms(at_ms: int | None) -> str:

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
-import sys
 from typing import Any
 
 import structlog
@@ -20,12 +19,10 @@ from canon.commands.workers import (
     add_logging_args,
     add_worker_args,
     build_workers,
+    run_service,
     serving_metrics,
-    setup_logging,
 )
-from canon.connection import ConnectionSettingsError, add_connection_args, open_store
-from canon.exitcodes import RET_OK, RET_USAGE
-from eventstore.errors import CanonError, StoreUnavailable
+from canon.connection import add_connection_args, open_store
 from projections.http import create_app
 from projections.metrics import Metrics
 from projections.supervisor import ReceiptServer
@@ -90,16 +87,4 @@ async def _announce(server: ReceiptServer) -> None:
 
 def run(args: argparse.Namespace) -> int:
     """Serve until SIGTERM or SIGINT; exit 0 after a graceful stop."""
-    setup_logging(args)
-    try:
-        asyncio.run(_serve(args))
-    except ConnectionSettingsError as exc:
-        print(f"canon: error: {exc}", file=sys.stderr)
-        return RET_USAGE
-    except StoreUnavailable:
-        print("canon: error: the Redis server is unavailable", file=sys.stderr)
-        return RET_USAGE
-    except (CanonError, ValueError) as exc:
-        print(f"canon: error: {exc}", file=sys.stderr)
-        return RET_USAGE
-    return RET_OK
+    return run_service(args, _serve)

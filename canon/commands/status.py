@@ -15,7 +15,7 @@ import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from canon.commands.replay import fail, run_read_only, stdout_console
+from canon.commands.readonly import fail, run_read_only, stdout_console
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit_tools import NamespaceStatus, namespace_status

@@ -12,6 +12,7 @@ import asyncio
 import contextlib
 import os
 import sys
+from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from canon.connection import ConnectionSettingsError, add_connection_args, open_store
@@ -123,11 +124,13 @@ async def _work(args: argparse.Namespace) -> None:
             await run_workers(build_workers(store, args, metrics), burst=args.burst)
 
 
-def run(args: argparse.Namespace) -> int:
-    """Run the workers; exit 0 after a burst or a graceful stop."""
+def run_service(
+    args: argparse.Namespace, main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]]
+) -> int:
+    """Run a long-lived command; store and settings errors become one line and exit 2."""
     setup_logging(args)
     try:
-        asyncio.run(_work(args))
+        asyncio.run(main(args))
     except ConnectionSettingsError as exc:
         print(f"canon: error: {exc}", file=sys.stderr)
         return RET_USAGE
@@ -138,3 +141,8 @@ def run(args: argparse.Namespace) -> int:
         print(f"canon: error: {exc}", file=sys.stderr)
         return RET_USAGE
     return RET_OK
+
+
+def run(args: argparse.Namespace) -> int:
+    """Run the workers; exit 0 after a burst or a graceful stop."""
+    return run_service(args, _work)

@@ -14,6 +14,7 @@ import msgspec
 import redis.exceptions
 
 from eventstore.errors import redis_errors
+from eventstore.server_settings import check_server_settings
 from eventstore.store import Store
 
 #: Most feed entries read to estimate a group's lag on servers without XINFO ``lag`` (6.2).
@@ -151,6 +152,7 @@ async def namespace_status(store: Store) -> NamespaceStatus:
         memory: dict[str, Any] = await store.client.info("memory")
         policy = await _config(store, "maxmemory-policy")
         appendonly = await _config(store, "appendonly")
+        cost_warnings = await check_server_settings(store.client)
     status = NamespaceStatus(
         namespace=keys.namespace,
         shards=keys.shards,
@@ -164,4 +166,6 @@ async def namespace_status(store: Store) -> NamespaceStatus:
         appendonly=appendonly,
         warnings=[],
     )
-    return msgspec.structs.replace(status, warnings=health_warnings(status))
+    # The eviction warning of health_warnings already covers maxmemory-policy.
+    extra = [w for w in cost_warnings if "maxmemory-policy" not in w]
+    return msgspec.structs.replace(status, warnings=health_warnings(status) + extra)

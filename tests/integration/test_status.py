@@ -74,6 +74,20 @@ async def test_status_warns_when_the_server_settings_are_unsafe(
     assert any("appendonly" in w for w in status["warnings"]) == (appendonly != "yes")
 
 
+async def test_status_warns_when_settings_make_records_cost_more(
+    redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Settings that make records cost more than documented are listed with their fix."""
+    value = (await redis.config_get("hash-max-ziplist-value"))["hash-max-ziplist-value"]
+    await redis.config_set("hash-max-ziplist-value", "64")
+    try:
+        code, status = await status_json(capsys, redis_url, namespace)
+    finally:
+        await redis.config_set("hash-max-ziplist-value", value)
+    assert code == 1
+    assert any("set hash-max-listpack-value 8192" in w for w in status["warnings"])
+
+
 async def test_human_status_prints_tables_and_warnings(
     store: Store, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
