@@ -166,6 +166,30 @@ async def redis(redis_url: str) -> AsyncIterator[AsyncRedis]:
         await client.aclose()
 
 
+def server_starter(binary: ServerBinary) -> tuple[Any, list[EmbeddedRedis]]:
+    """A ``start(**options)`` function for private servers of ``binary``, and their list.
+
+    The fixture that hands out ``start`` stops every server in the list afterwards.
+    """
+    servers: list[EmbeddedRedis] = []
+
+    def start(**options: Any) -> EmbeddedRedis:
+        server = EmbeddedRedis(binary, **options)
+        servers.append(server)
+        return server.start()
+
+    return start, servers
+
+
+@pytest.fixture
+def start_server(server_binary: ServerBinary) -> Iterator[Any]:
+    """Starts private servers of each supported binary; all are stopped after the test."""
+    start, servers = server_starter(server_binary)
+    yield start
+    for server in servers:
+        server.stop()
+
+
 @pytest.fixture
 async def make_store(redis_url: str, namespace: str) -> AsyncIterator[Any]:
     """Factory of stores on the session server in this test's namespace, all closed after."""

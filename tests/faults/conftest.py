@@ -15,23 +15,9 @@ from typing import Any
 
 import pytest
 
-from eventstore.embedded import EmbeddedRedis, ServerBinary, path_redis_server
+from eventstore.embedded import path_redis_server
+from tests.conftest import server_starter
 from tests.faults.proxy import CuttingProxy
-
-
-@pytest.fixture
-def start_server(server_binary: ServerBinary) -> Iterator[Any]:
-    """Starts private servers of each supported binary; all are stopped after the test."""
-    servers: list[EmbeddedRedis] = []
-
-    def start(**options: Any) -> EmbeddedRedis:
-        server = EmbeddedRedis(server_binary, **options)
-        servers.append(server)
-        return server.start()
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 @pytest.fixture
@@ -40,13 +26,7 @@ def newest_server() -> Iterator[Any]:
     binary = path_redis_server()
     if binary is None:
         pytest.fail("no redis-server on PATH: `apt-get install redis-server`", pytrace=False)
-    servers: list[EmbeddedRedis] = []
-
-    def start(**options: Any) -> EmbeddedRedis:
-        server = EmbeddedRedis(binary, **options)
-        servers.append(server)
-        return server.start()
-
+    start, servers = server_starter(binary)
     yield start
     for server in servers:
         server.stop()

@@ -21,7 +21,6 @@ from eventstore.durability import (
     check_durability,
     read_durability,
 )
-from eventstore.embedded import EmbeddedRedis, ServerBinary
 from eventstore.errors import InvalidArgument
 from eventstore.store import Store
 from tests.helpers import commandstats
@@ -33,21 +32,6 @@ NO_CONFIG_PASSWORD = "durability-acl-pass-5e7d"
 def warnings_of(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``durability_warning`` entries."""
     return [entry for entry in logs if entry["event"] == "durability_warning"]
-
-
-@pytest.fixture
-def start_server(server_binary: ServerBinary) -> Iterator[Any]:
-    """Starts private servers of the current binary; every one is stopped at the end."""
-    servers: list[EmbeddedRedis] = []
-
-    def start(**options: Any) -> EmbeddedRedis:
-        server = EmbeddedRedis(server_binary, **options)
-        servers.append(server)
-        return server.start()
-
-    yield start
-    for server in servers:
-        server.stop()
 
 
 #: Server options → the risks the preflight must name.
