@@ -22,6 +22,7 @@ COMMANDS: Final = (
     "export",
     "inspect",
     "status",
+    "rebuild",
     "workers",
     "serve",
     "bench",

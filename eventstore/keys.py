@@ -6,7 +6,7 @@ record, stream, counters, progress list and the shard feed atomically, also on a
 =================================== ====== ======================== =======================
 key                                 type   written by               TTL
 =================================== ====== ======================== =======================
-``{ns}:meta``                       hash   ``Store.check_namespace`` none (namespace config)
+``{ns}:meta``                       hash   check_namespace, rebuild none (namespace config)
 ``{ns}:{sNN}:ctl``                  hash   ``Store.set_paused``     none (one per shard)
 ``{ns}:{sNN}:run:<run>``            hash   open_run.lua, create.lua deadline + record TTL
 ``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
@@ -15,9 +15,14 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age (MINID)
 ``{ns}:{sNN}:receipt:<invocation>`` hash   receipt worker           the record's expiry
 ``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
-``{ns}:{sNN}:pos:<projection>``     hash   projection workers       none (per-shard cursor)
+``{ns}:{sNN}:pos:<group>``          hash   projection workers       none (per-shard cursor)
 ``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
 =================================== ====== ======================== =======================
+
+Projection outputs rebuilt by ``canon rebuild`` live beside the first ones, at
+``receipt.g<N>:`` and ``rview.g<N>:``; the namespace metadata names the generation
+readers use (``generation:<projection>``) and the consumer group of generation N > 1 is
+``<projection>.g<N>``.
 
 Ids reaching a key are validated first (:mod:`machine.ids`): no ``:``, braces,
 whitespace or control characters, so no key can be confused with another.
@@ -32,6 +37,17 @@ from machine.ids import is_safe_id
 
 DEFAULT_NAMESPACE = "canon"
 DEFAULT_SHARDS = 16
+
+
+def generation_kind(kind: str, generation: int) -> str:
+    """Return the key kind of a projection's output at ``generation`` (1 is the plain kind).
+
+    ``canon rebuild`` writes a projection into a new generation beside the current one;
+    the generation number in the kind keeps their keys apart.
+    """
+    if generation < 1:
+        raise ValueError("generation must be at least 1")
+    return kind if generation == 1 else f"{kind}.g{generation}"
 
 
 def shard_of(run_id: str, shards: int) -> int:
@@ -96,13 +112,13 @@ class Keys:
         """Feed of the shard that owns ``run_id``."""
         return self.feed(shard_of(run_id, self.shards))
 
-    def receipt(self, run_id: str, invocation_id: str) -> str:
-        """Materialized receipt of one invocation (in its run's shard)."""
-        return f"{self.tag_of(run_id)}:receipt:{invocation_id}"
+    def receipt(self, run_id: str, invocation_id: str, generation: int = 1) -> str:
+        """Materialized receipt of one invocation (in its run's shard), per generation."""
+        return f"{self.tag_of(run_id)}:{generation_kind('receipt', generation)}:{invocation_id}"
 
-    def run_view(self, run_id: str) -> str:
-        """Materialized progress view of one run."""
-        return f"{self.tag_of(run_id)}:rview:{run_id}"
+    def run_view(self, run_id: str, generation: int = 1) -> str:
+        """Materialized progress view of one run, per generation."""
+        return f"{self.tag_of(run_id)}:{generation_kind('rview', generation)}:{run_id}"
 
     def position(self, shard: int, projection: str) -> str:
         """Per-shard position of one projection (last applied feed entry id)."""

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Final
+from typing import ClassVar, Final, Self
 
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from projections.feed import Outcome
+from projections.generations import group_name
 from projections.scripts import ProjectionScripts
 
 #: Most dead letters kept per shard; older ones are trimmed by length.
@@ -15,17 +16,28 @@ DEAD_LETTER_CAP: Final = 10_000
 
 
 class BaseProjection:
-    """A projection whose writes are the scripts in ``projections/scripts``."""
+    """A projection whose writes are the scripts in ``projections/scripts``.
 
-    def __init__(self, store: Store, name: str) -> None:
+    ``family`` names the projection (``receipts``); ``generation`` says which of its
+    rebuilt outputs this instance writes (:mod:`projections.generations`).
+    """
+
+    family: ClassVar[str]
+
+    def __init__(self, store: Store, *, generation: int = 1) -> None:
         self.store = store
-        self._name = name
+        self.generation = generation
+        self._name = group_name(self.family, generation)
         self.scripts = ProjectionScripts(store.client)
 
     @property
     def name(self) -> str:
-        """The projection's name, also its consumer group name."""
+        """The consumer group name: the family, with the generation when above 1."""
         return self._name
+
+    def at_generation(self, generation: int) -> Self:
+        """Return a fresh instance of this projection writing ``generation``."""
+        return type(self)(self.store, generation=generation)
 
     def position_key(self, shard: int) -> str:
         """This projection's position hash in ``shard``."""

@@ -1,7 +1,8 @@
 """The consumer-group commands a worker issues on one shard feed, errors translated.
 
-Redis errors become :class:`StoreUnavailable` carrying only the exception type; a group
-deleted under a running worker (NOGROUP) is created again rather than failing the worker.
+Redis errors become :class:`StoreUnavailable` carrying only the exception type; a read
+from a group deleted under a running worker (NOGROUP) raises :class:`GroupMissing`, and
+the worker decides whether to create it again or to leave it (a rebuild retired it).
 """
 
 from __future__ import annotations
@@ -16,6 +17,10 @@ from eventstore.store import Store
 
 #: A delivered entry: its id and fields (None or empty when the stream entry is gone).
 Entry = tuple[str, dict[bytes, bytes] | None]
+
+
+class GroupMissing(Exception):
+    """Raised when a feed has no such consumer group (it was deleted, or never created)."""
 
 
 def _text(value: bytes | str) -> str:
@@ -43,15 +48,20 @@ async def read_group(
     count: int,
     block_ms: int | None,
 ) -> list[Entry]:
-    """XREADGROUP on one feed: ``start`` ``>`` for new entries, ``0``.. for own pending ones."""
+    """XREADGROUP on one feed: ``start`` ``>`` for new entries, ``0``.. for own pending ones.
+
+    Raises:
+        GroupMissing: the feed has no such group.
+        StoreUnavailable: Redis failed or timed out.
+
+    """
     try:
         reply: Any = await client.xreadgroup(
             group, consumer, {feed: start}, count=count, block=block_ms
         )
     except redis.exceptions.ResponseError as exc:
         if "NOGROUP" in str(exc):
-            await ensure_group(client, feed, group)
-            return []
+            raise GroupMissing() from None
         raise StoreUnavailable(type(exc).__name__) from None
     except (redis.exceptions.RedisError, OSError) as exc:
         raise StoreUnavailable(type(exc).__name__) from None
@@ -97,9 +107,19 @@ async def deliveries(
 
 
 async def retire_consumer(client: Redis, feed: str, group: str, consumer: str) -> bool:
-    """Delete ``consumer`` from ``group`` if it has no pending entry; True when deleted."""
-    async with redis_errors():
+    """Delete ``consumer`` from ``group`` if it has no pending entry; True when deleted.
+
+    A group that no longer exists (a rebuild retired it) has nobody left to delete.
+    """
+    try:
         consumers = await client.xinfo_consumers(feed, group)
+    except redis.exceptions.ResponseError as exc:
+        if "NOGROUP" in str(exc) or "no such key" in str(exc):
+            return False
+        raise StoreUnavailable(type(exc).__name__) from None
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
+    async with redis_errors():
         mine = [c for c in consumers if _text(c["name"]) == consumer]
         if not mine or int(mine[0]["pending"]) != 0:
             return False

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import Counter
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Final
 
 import structlog
@@ -143,16 +143,20 @@ class EntryHandler:
                 self.metrics.expired_entries.labels(self.name).inc()
 
 
-async def wait_for(projection: Projection, head: Head, *, timeout_s: float = 5.0) -> bool:
-    """Poll ``projection`` until it reflects ``head.version`` of its invocation.
+async def wait_for(
+    projection: Callable[[], Projection], head: Head, *, timeout_s: float = 5.0
+) -> bool:
+    """Poll the projection until it reflects ``head.version`` of its invocation.
 
-    Returns True once it does, False when ``timeout_s`` passes first.
+    ``projection`` is asked for the projection on every poll, so a worker that moves to
+    a rebuilt generation meanwhile is followed there. Returns True once it reflects the
+    head, False when ``timeout_s`` passes first.
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
     delay = 0.005
     while True:
-        if await projection.applied_version(head.run_id, head.tool_call_id) >= head.version:
+        if await projection().applied_version(head.run_id, head.tool_call_id) >= head.version:
             return True
         if loop.time() >= deadline:
             return False

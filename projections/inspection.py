@@ -18,7 +18,9 @@ from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import is_invocation_id, is_safe_id
+from projections.generations import current_generation
 from projections.journal import JournalState
+from projections.receipt_worker import RECEIPT_PROJECTION
 from projections.receipts import Receipt, decode_receipt, iso_ms
 from projections.snapshot import read_snapshot, receipt_of
 
@@ -41,8 +43,9 @@ async def _materialized(
 ) -> Receipt | None:
     """Return the stored receipt if it reflects the record's current version, else None."""
     keys = store.keys
+    generation = await current_generation(store, RECEIPT_PROJECTION)
     async with redis_errors(), store.client.pipeline(transaction=True) as pipe:
-        pipe.hmget(keys.receipt(run_id, invocation_id), ["version", "receipt"])
+        pipe.hmget(keys.receipt(run_id, invocation_id, generation), ["version", "receipt"])
         pipe.hget(keys.record(run_id, tool_call_id), "version")
         (stored_version, body), record_version = cast(
             tuple[list[bytes | None], bytes | None], await pipe.execute()

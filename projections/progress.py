@@ -1,6 +1,6 @@
 """The progress projection: a bounded per-run view for dashboards.
 
-The view of a run lives at ``keys.run_view(run_id)`` and expires with the run. It counts
+The view of a run lives at ``keys.run_view(run_id, generation)`` and expires with the run. It counts
 the run's invocations by public status and by evidence status, keeps the time of the last
 change, and holds the run's observed facts (:func:`projections.facts.observed_facts`)
 in execution order, extended when a call finishes. It holds ids, statuses, scopes and
@@ -15,12 +15,14 @@ from typing import Any, Final, Unpack, cast
 import msgspec
 
 from eventstore.errors import redis_errors
+from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import Status
 from projections.base import BaseProjection
 from projections.facts import FactScan, extend_facts
 from projections.feed import FeedEntry, Outcome
+from projections.generations import current_generation
 from projections.runtime import Worker, WorkerOptions
 
 PROGRESS_PROJECTION: Final = "progress"
@@ -55,8 +57,10 @@ class RunView(msgspec.Struct, frozen=True, kw_only=True):
 class ProgressProjection(BaseProjection):
     """Folds each committed event into its run's view, version-guarded per invocation."""
 
-    def __init__(self, store: Store, name: str = PROGRESS_PROJECTION) -> None:
-        super().__init__(store, name)
+    family = PROGRESS_PROJECTION
+
+    def __init__(self, store: Store, *, generation: int = 1) -> None:
+        super().__init__(store, generation=generation)
         # Per-run fact scans, extended as calls finish instead of recomputed from the
         # start each time (which made a long run quadratic); bounded, least recent out.
         self._scans: OrderedDict[str, FactScan] = OrderedDict()
@@ -70,15 +74,25 @@ class ProgressProjection(BaseProjection):
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Count the invocation's current status; recompute the facts when it finished."""
+        outcome = await self._project(entry.run_id, entry.tool_call_id, entry.shard, entry.entry_id)
+        if outcome is None:
+            return await self.settle(entry.shard, entry.entry_id, "expired")
+        return outcome
+
+    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
+        """Count the record as it is now, settling no feed entry (rebuilds)."""
+        shard = shard_of(run_id, self.store.keys.shards)
+        return await self._project(run_id, tool_call_id, shard, "") or Outcome.EXPIRED
+
+    async def _project(self, run_id: str, call: str, shard: int, entry_id: str) -> Outcome | None:
         store, keys = self.store, self.store.keys
-        run_id, call = entry.run_id, entry.tool_call_id
         async with redis_errors():
             values = cast(
                 list[bytes | None],
                 await store.client.hmget(keys.record(run_id, call), list(_RECORD_FIELDS)),
             )
         if any(value is None for value in values):
-            return await self.settle(entry.shard, entry.entry_id, "expired")
+            return None
         status, evidence, version, updated = (cast(bytes, v).decode() for v in values)
         facts, covered = b"", 0
         if status in _TERMINAL:
@@ -86,14 +100,14 @@ class ProgressProjection(BaseProjection):
             facts, covered = _encoder.encode(scan.facts), scan.position
         outcome, _ = await self.scripts.view_put(
             [
-                keys.run_view(run_id),
+                keys.run_view(run_id, self.generation),
                 keys.run(run_id),
-                self.position_key(entry.shard),
-                keys.feed(entry.shard),
+                self.position_key(shard),
+                keys.feed(shard),
             ],
             [
                 self.name,
-                entry.entry_id,
+                entry_id,
                 call,
                 int(version),
                 status,
@@ -108,18 +122,21 @@ class ProgressProjection(BaseProjection):
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the invocation version the run's view reflects (0 when none)."""
+        key = self.store.keys.run_view(run_id, self.generation)
         async with redis_errors():
-            value = cast(
-                bytes | None,
-                await self.store.client.hget(self.store.keys.run_view(run_id), f"v:{tool_call_id}"),
-            )
+            value = cast(bytes | None, await self.store.client.hget(key, f"v:{tool_call_id}"))
         return int(value) if value is not None else 0
 
 
 async def read_view(store: Store, run_id: str) -> RunView | None:
-    """Return a run's progress view, or None when it does not exist (read-only)."""
+    """Return a run's progress view, or None when it does not exist (read-only).
+
+    The view is read from the generation readers currently use.
+    """
+    generation = await current_generation(store, PROGRESS_PROJECTION)
+    key = store.keys.run_view(run_id, generation)
     async with redis_errors():
-        raw = cast(dict[bytes, bytes], await store.client.hgetall(store.keys.run_view(run_id)))
+        raw = cast(dict[bytes, bytes], await store.client.hgetall(key))
     if not raw:
         return None
     fields = {k.decode(): v for k, v in raw.items()}

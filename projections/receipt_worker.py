@@ -1,7 +1,7 @@
 """The receipt projection: materializes each invocation's receipt from its record.
 
-The receipt of an invocation lives at ``keys.receipt(run_id, invocation_id)`` as a hash
-(``version``, ``receipt`` JSON, ``updated_at_ms``). It expires with its record: the
+The receipt of an invocation lives at ``keys.receipt(run_id, invocation_id, generation)``
+as a hash (``version``, ``receipt`` JSON, ``updated_at_ms``). It expires with its record: the
 script copies the record's absolute expiry once, when it creates the receipt. It is
 versioned by the record's version, so a late or repeated feed entry never regresses it.
 """
@@ -12,6 +12,7 @@ from collections import OrderedDict
 from typing import Final, Unpack, cast
 
 from eventstore.errors import redis_errors
+from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import invocation_id
@@ -28,8 +29,10 @@ _VERSION_MEMORY: Final = 65536
 class ReceiptProjection(BaseProjection):
     """Builds receipts with :func:`build_receipt` and stores them version-guarded."""
 
-    def __init__(self, store: Store, name: str = RECEIPT_PROJECTION) -> None:
-        super().__init__(store, name)
+    family = RECEIPT_PROJECTION
+
+    def __init__(self, store: Store, *, generation: int = 1) -> None:
+        super().__init__(store, generation=generation)
         # Version each invocation's receipt was last stored at by this process. A receipt
         # is rebuilt from the record as it is now, so the entries of earlier versions that
         # follow it carry nothing new: they are settled as stale without a rebuild.
@@ -41,38 +44,56 @@ class ReceiptProjection(BaseProjection):
         if len(self._stored) > _VERSION_MEMORY:
             self._stored.popitem(last=False)
 
+    def receipt_key(self, run_id: str, tool_call_id: str) -> str:
+        """Where this generation keeps the receipt of one invocation."""
+        return self.store.keys.receipt(run_id, invocation_id(run_id, tool_call_id), self.generation)
+
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Rebuild the entry's receipt from the record as it is now; store it if newer."""
-        store, keys = self.store, self.store.keys
         invocation = (entry.run_id, entry.tool_call_id)
         if entry.version <= self._stored.get(invocation, 0):
             return await self.settle(entry.shard, entry.entry_id, Outcome.STALE.value)
-        snapshot = await read_snapshot(store, entry.run_id, entry.tool_call_id)
-        if not snapshot.fields:
+        outcome = await self._project(entry.run_id, entry.tool_call_id, entry.shard, entry.entry_id)
+        if outcome is None:
             return await self.settle(entry.shard, entry.entry_id, "expired")
-        receipt = receipt_of(store, snapshot)
+        return outcome
+
+    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
+        """Store the receipt of the record as it is now, settling no feed entry (rebuilds)."""
+        shard = shard_of(run_id, self.store.keys.shards)
+        return await self._project(run_id, tool_call_id, shard, "") or Outcome.EXPIRED
+
+    async def _project(
+        self, run_id: str, tool_call_id: str, shard: int, entry_id: str
+    ) -> Outcome | None:
+        store, keys = self.store, self.store.keys
+        snapshot = await read_snapshot(store, run_id, tool_call_id)
+        if not snapshot.fields:
+            return None
         outcome, stored_version = await self.scripts.receipt_put(
             [
-                keys.receipt(entry.run_id, invocation_id(entry.run_id, entry.tool_call_id)),
-                keys.record(entry.run_id, entry.tool_call_id),
-                self.position_key(entry.shard),
-                keys.feed(entry.shard),
+                self.receipt_key(run_id, tool_call_id),
+                keys.record(run_id, tool_call_id),
+                self.position_key(shard),
+                keys.feed(shard),
             ],
             group=self.name,
-            entry_id=entry.entry_id,
+            entry_id=entry_id,
             version=snapshot.version,
-            body=encode_receipt(receipt),
+            body=encode_receipt(receipt_of(store, snapshot)),
             now=now_ms(),
         )
         if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and stored_version.isdigit():
-            self._remember(invocation, int(stored_version))
+            self._remember((run_id, tool_call_id), int(stored_version))
         return Outcome(outcome)
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the version of the materialized receipt (0 when there is none)."""
-        key = self.store.keys.receipt(run_id, invocation_id(run_id, tool_call_id))
         async with redis_errors():
-            value = cast(bytes | None, await self.store.client.hget(key, "version"))
+            value = cast(
+                bytes | None,
+                await self.store.client.hget(self.receipt_key(run_id, tool_call_id), "version"),
+            )
         return int(value) if value is not None else 0
 
 

@@ -25,8 +25,10 @@ from eventstore.errors import StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
 from projections.feed import Projection
+from projections.generations import Generational, current_generation
 from projections.groups import (
     Entry,
+    GroupMissing,
     blocking_client,
     claim_idle,
     deliveries,
@@ -54,6 +56,7 @@ class WorkerOptions(TypedDict, total=False):
     max_deliveries: int
     throttle_ms: int
     metrics: Metrics | None
+    generation: int | None
 
 
 def default_consumer() -> str:
@@ -76,6 +79,9 @@ class Worker:
         max_deliveries: deliveries after which an entry is dead-lettered.
         throttle_ms: pause before each entry (load shaping; fault tests).
         metrics: where counters and lag figures are reported, if anywhere.
+        generation: the projection generation to write; None follows the one readers
+            use (:mod:`projections.generations`), switching groups when a rebuild
+            switches it.
 
     """
 
@@ -92,6 +98,7 @@ class Worker:
         max_deliveries: int = 5,
         throttle_ms: int = 0,
         metrics: Metrics | None = None,
+        generation: int | None = None,
     ) -> None:
         if block_ms < 1 or batch < 1 or min_idle_ms < 0 or max_deliveries < 1:
             raise ValueError("block_ms and batch must be positive, max_deliveries at least 1")
@@ -106,7 +113,11 @@ class Worker:
         self.handler = EntryHandler(
             projection, max_deliveries=max_deliveries, throttle_ms=throttle_ms, metrics=metrics
         )
+        self.generation = generation
         self._stop = asyncio.Event()
+        # Set by stop() and when the projection's generation changes: the shard loops
+        # leave, and run() either returns or follows the new generation.
+        self._leave = asyncio.Event()
 
     @property
     def counters(self) -> Counter[str]:
@@ -128,6 +139,7 @@ class Worker:
     def stop(self) -> None:
         """Ask the worker to stop once its current batches are settled."""
         self._stop.set()
+        self._leave.set()
 
     async def ensure_groups(self) -> None:
         """Create the projection's group on every owned feed (from the feed's start)."""
@@ -142,9 +154,21 @@ class Worker:
 
         Burst mode drains the worker's own pending entries, then takes over idle ones and
         reads new ones until a pass finds none, and returns: tests use it instead of sleeps.
+        A following worker that sees its projection switched to another generation leaves
+        the old group once its batches are settled and goes on in the new one.
         """
         # stop() ends one run; a later run (e.g. a burst that catches up) starts afresh.
         self._stop.clear()
+        while True:
+            self._leave.clear()
+            await self._adopt_generation()
+            await self._run_groups(burst=burst)
+            await self._retire()
+            if burst or self._stop.is_set():
+                break
+        log.info("worker_stopped", projection=self.name, consumer=self.consumer, **self.counters)
+
+    async def _run_groups(self, *, burst: bool) -> None:
         await self.ensure_groups()
         log.info("worker_started", projection=self.name, consumer=self.consumer, burst=burst)
         if burst:
@@ -154,20 +178,49 @@ class Worker:
                         group.create_task(self._burst_shard(shard))
             except* StoreUnavailable as failures:
                 raise failures.exceptions[0] from None
-        else:
-            client, block_ms = blocking_client(self.store, self.block_ms, len(self.shards) + 1)
+            return
+        client, block_ms = blocking_client(self.store, self.block_ms, len(self.shards) + 1)
+        try:
+            async with asyncio.TaskGroup() as group:
+                for shard in self.shards:
+                    group.create_task(self._follow_shard(shard, client, block_ms))
+                if self.metrics is not None:
+                    group.create_task(self._report_lag())
+                group.create_task(self._trim_periodically())
+                if self.generation is None and isinstance(self.projection, Generational):
+                    group.create_task(self._watch_generation(self.projection))
+        finally:
+            if client is not self.store.client:
+                await client.aclose()
+
+    async def _adopt_generation(self) -> None:
+        """Point the projection at the generation it should write (pinned or current)."""
+        projection = self.projection
+        if not isinstance(projection, Generational):
+            return
+        wanted = self.generation or await current_generation(self.store, projection.family)
+        if wanted != projection.generation:
+            self.projection = projection.at_generation(wanted)
+            self.handler.projection = self.projection
+
+    async def _watch_generation(self, projection: Generational, interval_s: float = 1.0) -> None:
+        """Leave the shard loops once readers have been switched to another generation."""
+        while not self._leave.is_set():
+            await self._pause(interval_s)
+            if self._leave.is_set():
+                return
             try:
-                async with asyncio.TaskGroup() as group:
-                    for shard in self.shards:
-                        group.create_task(self._follow_shard(shard, client, block_ms))
-                    if self.metrics is not None:
-                        group.create_task(self._report_lag())
-                    group.create_task(self._trim_periodically())
-            finally:
-                if client is not self.store.client:
-                    await client.aclose()
-        await self._retire()
-        log.info("worker_stopped", projection=self.name, consumer=self.consumer, **self.counters)
+                wanted = await current_generation(self.store, projection.family)
+            except StoreUnavailable:
+                continue
+            if wanted != projection.generation:
+                log.info(
+                    "generation_switched",
+                    projection=projection.family,
+                    generation=wanted,
+                    consumer=self.consumer,
+                )
+                self._leave.set()
 
     async def _retire(self) -> None:
         """Remove this consumer from each group where it holds nothing pending.
@@ -186,7 +239,7 @@ class Worker:
 
     async def _burst_shard(self, shard: int) -> None:
         await self._drain_own(shard)
-        while not self._stop.is_set():
+        while not self._leave.is_set():
             claimed = await self._reclaim(shard)
             read = await self._read_new(shard, self.store.client, block_ms=None)
             if claimed == 0 and read == 0:
@@ -196,7 +249,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         drained = False
         next_claim = 0.0
-        while not self._stop.is_set():
+        while not self._leave.is_set():
             try:
                 if not drained:
                     await self._drain_own(shard)
@@ -213,7 +266,7 @@ class Worker:
 
     async def _pause(self, seconds: float) -> None:
         try:
-            await asyncio.wait_for(self._stop.wait(), seconds)
+            await asyncio.wait_for(self._leave.wait(), seconds)
         except TimeoutError:
             return
 
@@ -221,9 +274,31 @@ class Worker:
         self, client: Redis, shard: int, start: str, block_ms: int | None
     ) -> list[Entry]:
         feed = self.store.keys.feed(shard)
-        return await read_group(
-            client, feed, self.name, self.consumer, start=start, count=self.batch, block_ms=block_ms
-        )
+        try:
+            return await read_group(
+                client,
+                feed,
+                self.name,
+                self.consumer,
+                start=start,
+                count=self.batch,
+                block_ms=block_ms,
+            )
+        except GroupMissing:
+            await self._group_missing(shard)
+            return []
+
+    async def _group_missing(self, shard: int) -> None:
+        """Create a group deleted under us again, unless a rebuild retired its generation."""
+        projection = self.projection
+        if (
+            self.generation is None
+            and isinstance(projection, Generational)
+            and await current_generation(self.store, projection.family) != projection.generation
+        ):
+            self._leave.set()
+            return
+        await self._ensure_group(shard)
 
     async def _deliveries(self, shard: int, entries: list[Entry]) -> dict[str, int]:
         feed = self.store.keys.feed(shard)
@@ -232,7 +307,7 @@ class Worker:
     async def _drain_own(self, shard: int) -> None:
         """Settle the entries already delivered to this consumer name (a restart)."""
         start = "0"
-        while not self._stop.is_set():
+        while not self._leave.is_set():
             entries = await self._read(self.store.client, shard, start, None)
             if not entries:
                 return
@@ -248,7 +323,7 @@ class Worker:
         """Take over entries idle longer than ``min_idle_ms``; return how many were claimed."""
         feed = self.store.keys.feed(shard)
         cursor, claimed = "0-0", 0
-        while not self._stop.is_set():
+        while not self._leave.is_set():
             cursor, entries, page = await claim_idle(
                 self.store.client,
                 feed,
@@ -283,9 +358,9 @@ class Worker:
         The write scripts only trim entries older than the record TTL plus a grace period;
         this keeps a busy feed short without ever removing an entry some group still needs.
         """
-        while not self._stop.is_set():
+        while not self._leave.is_set():
             await self._pause(interval_s)
-            if self._stop.is_set():
+            if self._leave.is_set():
                 return
             try:
                 removed = await trim_feeds(self.store)
@@ -297,7 +372,7 @@ class Worker:
 
     async def _report_lag(self, interval_s: float = 5.0) -> None:
         assert self.metrics is not None
-        while not self._stop.is_set():
+        while not self._leave.is_set():
             try:
                 for figures in await self.lag():
                     labels = (self.name, str(figures.shard))
@@ -312,4 +387,4 @@ class Worker:
 
     async def wait_for(self, head: Head, timeout_s: float = 5.0) -> bool:
         """Wait until the projection reflects ``head`` (read-your-writes); False on timeout."""
-        return await wait_for(self.projection, head, timeout_s=timeout_s)
+        return await wait_for(lambda: self.projection, head, timeout_s=timeout_s)

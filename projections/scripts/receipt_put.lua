@@ -3,7 +3,8 @@
 -- The receipt is written only when its version is above the stored one, so a duplicate,
 -- replayed or out-of-order delivery never regresses it. Its expiry is the record's own
 -- absolute expiry, set once when the receipt is created. Output, position and ack are one
--- step: a redelivered entry finds itself no longer pending and changes nothing.
+-- step: a redelivered entry finds itself no longer pending and changes nothing. An empty
+-- entry id writes the receipt alone (a rebuild from the records settles no entry).
 --
 -- KEYS[1] receipt hash      KEYS[2] record hash      KEYS[3] position hash
 -- KEYS[4] shard feed
@@ -20,7 +21,8 @@ local receipt, record, position, feed = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
 local group, entry_id, version = ARGV[1], ARGV[2], tonumber(ARGV[3])
 local body, now_ms = ARGV[4], ARGV[5]
 
-if not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
+local settles = entry_id ~= ''
+if settles and not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
 
 local outcome, reply_version = 'applied', version
 local expires_at_ms = redis.call('HGET', record, 'expires_at_ms')
@@ -36,6 +38,8 @@ else
   end
 end
 
-advance(position, entry_id, outcome, now_ms)
-redis.call('XACK', feed, group, entry_id)
+if settles then
+  advance(position, entry_id, outcome, now_ms)
+  redis.call('XACK', feed, group, entry_id)
+end
 return {outcome, reply_version}

@@ -4,6 +4,7 @@
 -- and counts by status and by evidence. A version at or below the stored one changes no
 -- count, so duplicates never double count. Facts are replaced only by a list that covers
 -- at least as many progress identities as the stored one. The view expires with its run.
+-- An empty entry id writes the view alone (a rebuild from the records settles no entry).
 --
 -- KEYS[1] run progress view hash   KEYS[2] run registry hash   KEYS[3] position hash
 -- KEYS[4] shard feed
@@ -21,7 +22,8 @@ local group, entry_id, call = ARGV[1], ARGV[2], ARGV[3]
 local version, status, evidence = tonumber(ARGV[4]), ARGV[5], ARGV[6]
 local updated_ms, now_ms, facts, covered = ARGV[7], ARGV[8], ARGV[9], ARGV[10]
 
-if not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
+local settles = entry_id ~= ''
+if settles and not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
 
 local outcome, reply_version = 'applied', version
 local run_expiry = redis.call('HGET', run, 'expires_at_ms')
@@ -54,6 +56,8 @@ else
   if created then redis.call('PEXPIREAT', view, run_expiry) end
 end
 
-advance(position, entry_id, outcome, now_ms)
-redis.call('XACK', feed, group, entry_id)
+if settles then
+  advance(position, entry_id, outcome, now_ms)
+  redis.call('XACK', feed, group, entry_id)
+end
 return {outcome, reply_version}

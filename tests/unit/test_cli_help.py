@@ -1,0 +1,54 @@
+"""``canon --help`` and every subcommand's help are complete; bad arguments are one line."""
+
+from __future__ import annotations
+
+import pytest
+
+from canon.cli import COMMANDS, main
+
+
+def test_top_level_help_lists_every_subcommand(capsys: pytest.CaptureFixture[str]) -> None:
+    """``canon --help`` exits 0 and names each subcommand with its one-line help."""
+    assert main(["--help"]) == 0
+    out = capsys.readouterr().out
+    for name in COMMANDS:
+        assert f"    {name} " in out or f"    {name}\n" in out, name
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_every_subcommand_has_a_description_and_documented_options(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Each ``canon COMMAND --help`` exits 0 with a description and help for every option."""
+    assert main([command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert out.startswith(f"usage: canon {command}")
+    description = out.split("\n\n")[1]
+    assert len(description.split()) >= 5, "the description says what the command does"
+    options = out.split("options:", 1)[1]
+    for line in options.splitlines():
+        stripped = line.strip()
+        if stripped.startswith("-") and "  " not in stripped:
+            # An option whose help is on the next line is fine; an option alone is not.
+            following = options.splitlines()[options.splitlines().index(line) + 1]
+            assert following.startswith(" " * 10), f"{command}: {stripped} has no help"
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["no-such-command"],
+        ["replay"],
+        ["rebuild", "nonsense"],
+        ["verify", "--batch", "0"],
+        ["rebuild", "receipts", "--grace-s", "-1"],
+    ],
+)
+def test_bad_arguments_are_one_line_and_exit_2(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Usage errors print one ``canon: error:`` line (after the usage) and exit 2."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    errors = [line for line in err.splitlines() if line.startswith("canon: error:")]
+    assert len(errors) == 1 and "Traceback" not in err
