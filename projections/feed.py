@@ -7,9 +7,9 @@ carries a payload; projections read what they need from the record itself.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Protocol
+from typing import Protocol, runtime_checkable
 
 import msgspec
 
@@ -114,3 +114,15 @@ class Projection(Protocol):
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the version of the invocation this projection reflects (0 for none)."""
+
+
+@runtime_checkable
+class BatchProjection(Protocol):
+    """A projection that can also settle a whole batch of one shard's entries at once."""
+
+    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        """Project and settle ``entries``; return each one's outcome, in order.
+
+        Raises on any failure, leaving it to the caller to settle the entries one by one
+        (so that one bad entry fails alone).
+        """

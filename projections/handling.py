@@ -15,7 +15,7 @@ from typing import Final
 import structlog
 
 from eventstore.writer import Head
-from projections.feed import FeedEntry, Outcome, Projection
+from projections.feed import BatchProjection, FeedEntry, MalformedEntry, Outcome, Projection
 from projections.groups import Entry
 from projections.metrics import Metrics
 
@@ -61,6 +61,8 @@ class EntryHandler:
         invocations does not matter.
         """
         # A batch is always finished, even after stop(): its entries are then acked.
+        if isinstance(self.projection, BatchProjection) and not self.throttle_ms:
+            entries = await self._apply_batch(self.projection, shard, entries, deliveries)
         lanes: dict[object, list[Entry]] = {}
         for entry in entries:
             fields = entry[1]
@@ -73,6 +75,42 @@ class EntryHandler:
                     await self.handle(shard, entry_id, fields, deliveries.get(entry_id, 1))
 
         await asyncio.gather(*(settle_lane(lane) for lane in lanes.values()))
+
+    async def _apply_batch(
+        self,
+        projection: BatchProjection,
+        shard: int,
+        entries: list[Entry],
+        deliveries: Mapping[str, int],
+    ) -> list[Entry]:
+        """Settle the well-formed entries of a batch in one step; return the rest.
+
+        Entries that are gone, malformed or due for the dead letters are returned to be
+        settled one by one, and so is the whole batch when the batch step fails: a bad
+        entry then fails alone, with its own delivery count.
+        """
+        parsed: list[FeedEntry] = []
+        rest: list[Entry] = []
+        for entry_id, fields in entries:
+            if fields and deliveries.get(entry_id, 1) <= self.max_deliveries:
+                try:
+                    parsed.append(FeedEntry.parse(shard, entry_id, fields))
+                    continue
+                except MalformedEntry:
+                    pass
+            rest.append((entry_id, fields))
+        if not parsed:
+            return rest
+        try:
+            outcomes = await projection.apply_batch(shard, parsed)
+        except Exception as exc:
+            # Settled one by one next: a failing entry is then counted and kept on its own.
+            log.info("batch_retried_singly", projection=self.name, error=type(exc).__name__)
+            return entries
+        for entry, outcome in zip(parsed, outcomes, strict=True):
+            self._count(outcome)
+            self._errors.pop(entry.entry_id, None)
+        return rest
 
     async def handle(
         self, shard: int, entry_id: str, fields: dict[bytes, bytes] | None, deliveries: int

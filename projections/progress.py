@@ -10,6 +10,7 @@ digests; never a request, a raw response or an agent result.
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Any, Final, Unpack, cast
 
 import msgspec
@@ -74,51 +75,80 @@ class ProgressProjection(BaseProjection):
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Count the invocation's current status; recompute the facts when it finished."""
-        outcome = await self._project(entry.run_id, entry.tool_call_id, entry.shard, entry.entry_id)
-        if outcome is None:
-            return await self.settle(entry.shard, entry.entry_id, "expired")
-        return outcome
+        return (await self.apply_batch(entry.shard, [entry]))[0]
 
     async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
         """Count the record as it is now, settling no feed entry (rebuilds)."""
         shard = shard_of(run_id, self.store.keys.shards)
-        return await self._project(run_id, tool_call_id, shard, "") or Outcome.EXPIRED
-
-    async def _project(self, run_id: str, call: str, shard: int, entry_id: str) -> Outcome | None:
-        store, keys = self.store, self.store.keys
-        async with redis_errors():
-            values = cast(
-                list[bytes | None],
-                await store.client.hmget(keys.record(run_id, call), list(_RECORD_FIELDS)),
-            )
-        if any(value is None for value in values):
-            return None
-        status, evidence, version, updated = (cast(bytes, v).decode() for v in values)
-        facts, covered = b"", 0
-        if status in _TERMINAL:
-            scan = await self._facts(run_id)
-            facts, covered = _encoder.encode(scan.facts), scan.position
-        outcome, _ = await self.scripts.view_put(
-            [
-                keys.run_view(run_id, self.generation),
-                keys.run(run_id),
-                self.position_key(shard),
-                keys.feed(shard),
-            ],
-            [
-                self.name,
-                entry_id,
-                call,
-                int(version),
-                status,
-                evidence,
-                int(updated),
-                now_ms(),
-                facts,
-                covered,
-            ],
+        # An entry without id: the script then writes the view and settles nothing.
+        unsettled = FeedEntry(
+            shard=shard,
+            entry_id="",
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            version=0,
+            event_type="",
+            status=Status.PROJECTING,
         )
-        return Outcome(outcome)
+        return (await self.apply_batch(shard, [unsettled]))[0]
+
+    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        """Fold a batch of one shard's entries into the views in one read and one script.
+
+        Per invocation, the record as it is now is counted with the entry of the highest
+        version; the others carry nothing newer and are settled as stale with it. A run
+        with a finished call in the batch has its facts extended once.
+        """
+        store, keys = self.store, self.store.keys
+        latest: dict[tuple[str, str], FeedEntry] = {}
+        for entry in entries:
+            invocation = (entry.run_id, entry.tool_call_id)
+            if invocation not in latest or entry.version > latest[invocation].version:
+                latest[invocation] = entry
+        async with redis_errors(), store.client.pipeline(transaction=False) as pipe:
+            for run_id, call in latest:
+                pipe.hmget(keys.record(run_id, call), list(_RECORD_FIELDS))
+            records = cast(list[list[bytes | None]], await pipe.execute())
+        items: list[tuple[FeedEntry, list[str]]] = []
+        expired: set[tuple[str, str]] = set()
+        finished_runs: dict[str, int] = {}  # run -> index of its last finished item
+        for (invocation, entry), values in zip(latest.items(), records, strict=True):
+            if any(value is None for value in values):
+                expired.add(invocation)
+                continue
+            fields = [cast(bytes, value).decode() for value in values]
+            if fields[0] in _TERMINAL:
+                finished_runs[entry.run_id] = len(items)
+            items.append((entry, fields))
+        facts: dict[int, tuple[bytes, int]] = {}
+        for run_id, index in finished_runs.items():
+            scan = await self._facts(run_id)
+            facts[index] = (_encoder.encode(scan.facts), scan.position)
+        script_keys = [self.position_key(shard), keys.feed(shard)]
+        args: list[str | int | bytes] = [self.name, now_ms(), len(items)]
+        for index, (entry, (status, evidence, version, updated)) in enumerate(items):
+            script_keys += [keys.run_view(entry.run_id, self.generation), keys.run(entry.run_id)]
+            run_facts, covered = facts.get(index, (b"", 0))
+            args += [entry.entry_id, entry.tool_call_id, int(version), status, evidence]
+            args += [int(updated), run_facts, covered]
+        counted = {entry.entry_id for entry, _ in items}
+        rest = [entry for entry in entries if entry.entry_id not in counted and entry.entry_id]
+        for entry in rest:
+            gone = (entry.run_id, entry.tool_call_id) in expired
+            args += [entry.entry_id, Outcome.EXPIRED.value if gone else Outcome.STALE.value]
+        replies = await self.scripts.views_put(script_keys, args)
+        outcomes = {
+            entry.entry_id: Outcome(outcome)
+            for (entry, _), (outcome, _) in zip(items, replies, strict=False)
+        }
+        for entry, (outcome, _) in zip(rest, replies[len(items) :], strict=True):
+            gone = (entry.run_id, entry.tool_call_id) in expired
+            settled_as = Outcome.EXPIRED if gone else Outcome.STALE
+            outcomes[entry.entry_id] = Outcome.DUPLICATE if outcome == "duplicate" else settled_as
+        for entry in entries:
+            if not entry.entry_id and (entry.run_id, entry.tool_call_id) in expired:
+                outcomes[""] = Outcome.EXPIRED  # a rebuild's record that is gone
+        return [outcomes[entry.entry_id] for entry in entries]
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the invocation version the run's view reflects (0 when none)."""

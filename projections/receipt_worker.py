@@ -4,11 +4,17 @@ The receipt of an invocation lives at ``keys.receipt(run_id, invocation_id, gene
 as a hash (``version``, ``receipt`` JSON, ``updated_at_ms``). It expires with its record: the
 script copies the record's absolute expiry once, when it creates the receipt. It is
 versioned by the record's version, so a late or repeated feed entry never regresses it.
+
+A delivered batch of one shard is settled in two round trips: one script reads the
+records and streams of its invocations, and one script stores the newest receipt of each
+and settles every entry (the older entries of an invocation as stale). If that fails,
+the entries are settled one by one, so a bad entry fails alone.
 """
 
 from __future__ import annotations
 
 from collections import OrderedDict
+from collections.abc import Sequence
 from typing import Final, Unpack, cast
 
 from eventstore.errors import redis_errors
@@ -20,7 +26,13 @@ from projections.base import BaseProjection
 from projections.feed import FeedEntry, Outcome
 from projections.receipts import encode_receipt
 from projections.runtime import Worker, WorkerOptions
-from projections.snapshot import read_snapshot, receipt_of
+from projections.snapshot import (
+    RECEIPT_FIELDS,
+    Snapshot,
+    read_snapshot,
+    receipt_of,
+    snapshot_of,
+)
 
 RECEIPT_PROJECTION: Final = "receipts"
 _VERSION_MEMORY: Final = 65536
@@ -57,6 +69,76 @@ class ReceiptProjection(BaseProjection):
         if outcome is None:
             return await self.settle(entry.shard, entry.entry_id, "expired")
         return outcome
+
+    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        """Settle a batch of one shard's entries in one read and one script call.
+
+        Per invocation only the entry of the highest version is built, from the record
+        as it is now; the others carry nothing newer and are settled as stale with it.
+        Returns the outcome of each entry, in order.
+        """
+        latest: dict[tuple[str, str], FeedEntry] = {}
+        for entry in entries:
+            invocation = (entry.run_id, entry.tool_call_id)
+            if invocation not in latest or entry.version > latest[invocation].version:
+                latest[invocation] = entry
+        build = [
+            entry
+            for invocation, entry in latest.items()
+            if entry.version > self._stored.get(invocation, 0)
+        ]
+        snapshots = await self._read(build)
+        keys = [self.position_key(shard), self.store.keys.feed(shard)]
+        receipts: list[str | int | bytes] = []
+        built: list[FeedEntry] = []
+        expired: set[tuple[str, str]] = set()
+        for entry, snapshot in zip(build, snapshots, strict=True):
+            if not snapshot.fields:
+                expired.add((entry.run_id, entry.tool_call_id))
+                continue
+            keys += [
+                self.receipt_key(entry.run_id, entry.tool_call_id),
+                self.store.keys.record(entry.run_id, entry.tool_call_id),
+            ]
+            body = encode_receipt(receipt_of(self.store, snapshot))
+            receipts += [entry.entry_id, snapshot.version, body]
+            built.append(entry)
+        built_ids = {entry.entry_id for entry in built}
+        rest: list[str | int | bytes] = []
+        for entry in entries:
+            if entry.entry_id not in built_ids:
+                gone = (entry.run_id, entry.tool_call_id) in expired
+                rest += [entry.entry_id, Outcome.EXPIRED.value if gone else Outcome.STALE.value]
+        replies = await self.scripts.receipts_put(
+            keys, [self.name, now_ms(), len(built), *receipts, *rest]
+        )
+        outcomes: dict[str, Outcome] = {}
+        for entry, (outcome, version) in zip(built, replies, strict=False):
+            if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and version.isdigit():
+                self._remember((entry.run_id, entry.tool_call_id), int(version))
+            outcomes[entry.entry_id] = Outcome(outcome)
+        for index, (outcome, _) in enumerate(replies[len(built) :]):
+            entry_id = str(rest[2 * index])
+            counter = str(rest[2 * index + 1])
+            outcomes[entry_id] = Outcome.DUPLICATE if outcome == "duplicate" else Outcome(counter)
+        return [outcomes[entry.entry_id] for entry in entries]
+
+    async def _read(self, entries: Sequence[FeedEntry]) -> list[Snapshot]:
+        """The snapshots of the entries' invocations, read by one script call."""
+        if not entries:
+            return []
+        keys: list[str] = []
+        for entry in entries:
+            keys += [
+                self.store.keys.record(entry.run_id, entry.tool_call_id),
+                self.store.keys.stream(entry.run_id, entry.tool_call_id),
+            ]
+        replies = await self.scripts.read_snapshots(keys, RECEIPT_FIELDS)
+        observed = now_ms()
+        return [
+            snapshot_of(replies[index], replies[index + 1], observed)
+            for index in range(0, len(replies), 2)
+        ]
 
     async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
         """Store the receipt of the record as it is now, settling no feed entry (rebuilds)."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from functools import cache
 from importlib import resources
-from typing import Final
+from typing import Any, Final, cast
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -38,7 +38,9 @@ class ProjectionScripts:
 
     def __init__(self, client: Redis) -> None:
         self._receipt_put: AsyncScript = client.register_script(script_source("receipt_put"))
-        self._view_put: AsyncScript = client.register_script(script_source("view_put"))
+        self._receipts_put: AsyncScript = client.register_script(script_source("receipts_put"))
+        self._read_snapshots: AsyncScript = client.register_script(script_source("read_snapshots"))
+        self._views_put: AsyncScript = client.register_script(script_source("views_put"))
         self._settle: AsyncScript = client.register_script(script_source("settle"))
         self._dead_letter: AsyncScript = client.register_script(script_source("dead_letter"))
 
@@ -56,11 +58,30 @@ class ProjectionScripts:
         """Run ``receipt_put.lua``; keys are receipt, record, position, feed."""
         return await self._call(self._receipt_put, keys, [group, entry_id, version, body, now])
 
-    async def view_put(
+    @staticmethod
+    async def _call_batch(
+        script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> list[tuple[str, str]]:
+        async with redis_errors():
+            reply = await script(keys=list(keys), args=list(args))
+        return [(_text(reply[i]), _text(reply[i + 1])) for i in range(0, len(reply), 2)]
+
+    async def receipts_put(
         self, keys: Sequence[str], args: Sequence[str | int | bytes]
-    ) -> tuple[str, str]:
-        """Run ``view_put.lua``; keys are view, run, position, feed (see its header)."""
-        return await self._call(self._view_put, keys, args)
+    ) -> list[tuple[str, str]]:
+        """Run ``receipts_put.lua`` (a batch); one (outcome, version) pair per entry."""
+        return await self._call_batch(self._receipts_put, keys, args)
+
+    async def views_put(
+        self, keys: Sequence[str], args: Sequence[str | int | bytes]
+    ) -> list[tuple[str, str]]:
+        """Run ``views_put.lua`` (a batch); one (outcome, version) pair per entry."""
+        return await self._call_batch(self._views_put, keys, args)
+
+    async def read_snapshots(self, keys: Sequence[str], fields: Sequence[str]) -> list[Any]:
+        """Run ``read_snapshots.lua``; keys are record, stream pairs (see its header)."""
+        async with redis_errors():
+            return cast(list[Any], await self._read_snapshots(keys=list(keys), args=list(fields)))
 
     async def settle(
         self, keys: Sequence[str], *, group: str, entry_id: str, counter: str, now: int

@@ -8,7 +8,8 @@ touches a payload other than the bounded result, and none changes an expiry.
 
 from __future__ import annotations
 
-from typing import Final, cast
+from collections.abc import Sequence
+from typing import Any, Final
 
 import msgspec
 
@@ -66,22 +67,48 @@ async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapsho
         StoreUnavailable: Redis failed or timed out.
 
     """
+    return (await read_snapshots(store, [(run_id, tool_call_id)]))[0]
+
+
+async def read_snapshots(store: Store, invocations: Sequence[tuple[str, str]]) -> list[Snapshot]:
+    """Read the snapshots of ``(run_id, tool_call_id)`` pairs in one MULTI/EXEC.
+
+    All the runs must live in one shard (one hash slot on a cluster).
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
     keys = store.keys
     async with redis_errors(), store.client.pipeline(transaction=True) as pipe:
-        pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
-        pipe.xrange(keys.stream(run_id, tool_call_id))
-        values, entries = await pipe.execute()
+        for run_id, tool_call_id in invocations:
+            pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
+            pipe.xrange(keys.stream(run_id, tool_call_id))
+        replies = await pipe.execute()
     observed = now_ms()
+    return [
+        snapshot_of(replies[index], replies[index + 1], observed)
+        for index in range(0, len(replies), 2)
+    ]
+
+
+def snapshot_of(values: list[bytes | None], entries: list[Any], observed_at_ms: int) -> Snapshot:
+    """Build a snapshot from the HMGET values of :data:`RECEIPT_FIELDS` and XRANGE entries.
+
+    ``entries`` may be as redis-py parses XRANGE (id, field dict) or as a script returns
+    it (id, flat field list).
+    """
     fields = {
-        name: value
-        for name, value in zip(RECEIPT_FIELDS, cast(list[bytes | None], values), strict=True)
-        if value is not None
+        name: value for name, value in zip(RECEIPT_FIELDS, values, strict=True) if value is not None
     }
-    return Snapshot(
-        fields=fields,
-        events=stored_events(cast(list[tuple[bytes, dict[bytes, bytes]]], entries)),
-        observed_at_ms=observed,
-    )
+    pairs = [
+        (
+            entry_id,
+            body if isinstance(body, dict) else dict(zip(body[::2], body[1::2], strict=True)),
+        )
+        for entry_id, body in entries
+    ]
+    return Snapshot(fields=fields, events=stored_events(pairs), observed_at_ms=observed_at_ms)
 
 
 def receipt_of(store: Store, snapshot: Snapshot) -> Receipt:

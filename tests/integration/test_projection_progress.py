@@ -12,6 +12,8 @@ from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.limits import Limits
 from projections import ProgressWorker, observed_facts, read_view
+from projections.feed import FeedEntry, Outcome
+from projections.progress import ProgressProjection
 
 RUN = "run-p"
 
@@ -124,3 +126,36 @@ async def test_wait_for_sees_the_view_catch_up(make_store: Any) -> None:
     assert await worker.wait_for(head, timeout_s=0.05) is False
     await worker.run(burst=True)
     assert await worker.wait_for(head, timeout_s=0.05) is True
+
+
+async def test_a_batch_counts_each_invocation_once_and_settles_its_older_entries_stale(
+    make_store: Any, redis: Redis
+) -> None:
+    """One batch, in any order: counts as the records say, facts once, each entry settled."""
+    store: Store = make_store(shards=1)
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    projection = ProgressProjection(store)
+    await ProgressWorker(store, consumer="w1").ensure_groups()
+    await call(store, "a", EvidenceStatus.EVIDENCE_FOUND)
+    await call(store, "b", EvidenceStatus.NO_EVIDENCE)
+    await call(store, "c", None)
+    await store.writer.create(RUN, "open", "search", b"{}")
+    delivered = await redis.xreadgroup("progress", "w1", {store.keys.feed(0): ">"})
+    entries = [FeedEntry.parse(0, i.decode(), f) for i, f in delivered[0][1]]
+    shuffled = entries[1::2] + entries[::2]
+
+    outcomes = await projection.apply_batch(0, shuffled)
+
+    newest = {(e.tool_call_id): e.entry_id for e in sorted(entries, key=lambda e: e.version)}
+    expected = [
+        Outcome.APPLIED if newest[e.tool_call_id] == e.entry_id else Outcome.STALE for e in shuffled
+    ]
+    assert outcomes == expected
+    view = await read_view(store, RUN)
+    assert view is not None and view.invocations == 4
+    assert view.by_status == {"READY": 2, "ERROR": 1, "PROJECTING": 1}
+    assert [fact["tool_call_id"] for fact in view.facts] == ["a", "b"]
+    position = await redis.hgetall(store.keys.position(0, "progress"))
+    assert (position[b"applied"], position[b"stale"]) == (b"4", str(len(entries) - 4).encode())
+    assert await projection.apply_batch(0, entries) == [Outcome.DUPLICATE] * len(entries)
+    assert (await read_view(store, RUN)) == view

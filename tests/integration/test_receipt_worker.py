@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -17,6 +18,7 @@ from projections import ReceiptWorker
 from projections.feed import FeedEntry, Outcome
 from projections.receipt_worker import ReceiptProjection
 from projections.receipts import decode_receipt
+from projections.runtime import Worker
 from projections.snapshot import read_snapshot, receipt_of
 
 RUN = "run-r"
@@ -165,3 +167,70 @@ async def test_entry_of_an_expired_record_is_acked_and_counted(
     assert await pending(redis, store, "receipts") == 0
     assert (await redis.hgetall(store.keys.position(0, "receipts")))[b"expired"] == b"1"
     assert "expired=1" in repr(worker)
+
+
+async def test_a_batch_builds_each_invocation_once_and_settles_its_older_entries_stale(
+    make_store: Any, redis: Redis
+) -> None:
+    """One batch: the newest entry of each invocation is built, the rest settle with it."""
+    store: Store = make_store(shards=1)
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    projection = ReceiptProjection(store)
+    await ReceiptWorker(store, consumer="w1").ensure_groups()
+    heads = [await finished(store, f"c{i}") for i in range(3)]
+    expired = await store.writer.create(RUN, "gone", "search", b"{}")
+    await redis.delete(store.keys.record(RUN, "gone"))
+    delivered = await redis.xreadgroup("receipts", "w1", {store.keys.feed(0): ">"})
+    entries = [FeedEntry.parse(0, i.decode(), f) for i, f in delivered[0][1]]
+    shuffled = entries[::2] + entries[1::2]
+
+    outcomes = await projection.apply_batch(0, shuffled)
+
+    by_entry = dict(zip((e.entry_id for e in shuffled), outcomes, strict=True))
+    for entry in entries:
+        if entry.tool_call_id == "gone":
+            assert by_entry[entry.entry_id] is Outcome.EXPIRED
+        elif entry.version == 3:
+            assert by_entry[entry.entry_id] is Outcome.APPLIED
+        else:
+            assert by_entry[entry.entry_id] is Outcome.STALE
+    for head in heads:
+        assert await projection.applied_version(RUN, head.tool_call_id) == head.version
+    assert await projection.applied_version(RUN, expired.tool_call_id) == 0
+    position = await redis.hgetall(store.keys.position(0, "receipts"))
+    assert (position[b"applied"], position[b"stale"], position[b"expired"]) == (b"3", b"6", b"1")
+    assert await pending(redis, store, "receipts") == 0
+    assert await projection.apply_batch(0, entries) == [Outcome.DUPLICATE] * len(entries)
+
+
+class FailsOnPoison(ReceiptProjection):
+    """A receipt projection that cannot project the call ``poison`` (a bug, say)."""
+
+    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        if any(entry.tool_call_id == "poison" for entry in entries):
+            raise RuntimeError("cannot project")
+        return await super().apply_batch(shard, entries)
+
+    async def apply(self, entry: FeedEntry) -> Outcome:
+        if entry.tool_call_id == "poison":
+            raise RuntimeError("cannot project")
+        return await super().apply(entry)
+
+
+async def test_an_entry_that_fails_in_a_batch_fails_alone(make_store: Any, redis: Redis) -> None:
+    """A batch that fails is settled entry by entry: only the bad entries are dead-lettered."""
+    store: Store = make_store(shards=1)
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    heads = [await finished(store, f"c{i}") for i in range(3)]
+    await store.writer.create(RUN, "poison", "search", b"{}")
+    worker = Worker(store, FailsOnPoison(store), consumer="w1", min_idle_ms=0, max_deliveries=2)
+
+    for _ in range(3):  # each pass delivers the poison entry again, until it is dead
+        await worker.run(burst=True)
+
+    assert worker.counters["applied"] == 3 and worker.counters["dead"] == 1
+    for head in heads:
+        assert int((await stored_receipt(redis, store, head.tool_call_id))[b"version"]) == 3
+    dead = await redis.xrange(store.keys.dead_letters(0))
+    assert [fields[b"f:c"] for _, fields in dead] == [b"poison"]
+    assert await pending(redis, store, "receipts") == 0
