@@ -41,6 +41,8 @@ SHORT_TTL = timedelta(seconds=2)
 SHARDS = 8
 CONCURRENCY = 128
 WORKER_PROCESSES = 2
+#: Time a restarted worker process gets to start before it is asked to stop.
+STARTUP_S = 5.0
 RESTARTS = 3
 TOOL = "soak"
 #: Codes of failures after creation: the record exists and is ERROR.
@@ -119,11 +121,16 @@ class WorkerProcesses:
             "--block-ms=200",
             "--log-level=WARNING",
         )
+        self.started_at: list[float] = []
         self.processes = [self._start(n) for n in range(WORKER_PROCESSES)]
         self.logs = [log for _, log in self.processes]
         self.kills = 0
 
     def _start(self, number: int) -> Any:
+        if number < len(self.started_at):
+            self.started_at[number] = time.monotonic()
+        else:
+            self.started_at.append(time.monotonic())
         return self._spawn(*self._args, f"--consumer=soak-{number}")
 
     async def chaos(self, stopping: asyncio.Event, interval_s: float) -> None:
@@ -144,6 +151,10 @@ class WorkerProcesses:
 
     async def stop(self) -> None:
         """SIGTERM every process; each must settle its batch and exit 0."""
+        # A process chaos has just restarted may still be importing, before it handles
+        # SIGTERM (it would die of the signal, with no batch to settle): let it start.
+        youngest = max(self.started_at)
+        await asyncio.sleep(max(0.0, youngest + STARTUP_S - time.monotonic()))
         for process, _ in self.processes:
             process.send_signal(signal.SIGTERM)
         for process, _ in self.processes:
