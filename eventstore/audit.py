@@ -12,6 +12,8 @@ reason                           meaning
 ``stream_without_record``        the event stream exists, its record does not
 ``undecodable_event:<v>``        the event at position ``v`` is not a valid event
 ``hash_mismatch:<v>``            the hash stored beside event ``v`` is not its bytes' hash
+                                 (entries before schema 2 store one; later entries are
+                                 checked by the chain and the record's ``last_hash``)
 ``broken_chain:<v>``             event ``v`` does not name version ``v`` and the hash of
                                  the event before it (genesis for the first)
 ``illegal_transition:<v>``       the lifecycle does not allow event ``v`` where it stands

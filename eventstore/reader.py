@@ -38,10 +38,15 @@ class InvocationRecord(msgspec.Struct, frozen=True, kw_only=True):
 class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
     """One event as read back from an invocation stream.
 
+    Entries written before schema 2 hold the event's hash beside it (field ``h``); later
+    entries hold the event only, since its hash is named by the next event's
+    ``prev_hash`` and, for the last one, by the record's ``last_hash``.
+
     Attributes:
         entry_id: the stream entry id.
         data: the event's stored bytes (what its chain hash covers).
-        stored_hash: the hash written beside the event.
+        stored_hash: the hash written beside the event, or the hash of ``data`` when the
+            entry holds none.
         event: the decoded event, or None when the bytes do not decode.
 
     """
@@ -95,11 +100,14 @@ def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Store
             event: Event | None = decode_event(data)
         except msgspec.DecodeError:
             event = None
+        stored_hash = fields.get(b"h")
         events.append(
             StoredEvent(
                 entry_id=entry_id.decode(),
                 data=data,
-                stored_hash=fields.get(b"h", b"").decode("utf-8", "replace"),
+                stored_hash=event_hash(data)
+                if stored_hash is None
+                else stored_hash.decode("utf-8", "replace"),
                 event=event,
             )
         )

@@ -41,6 +41,8 @@ SETTING_NAMES: Final = (
 MIN_HASH_ENTRIES: Final = 64
 
 _STREAM_NODE_BYTES: Final = int(RECOMMENDED_SETTINGS["stream-node-max-bytes"])
+#: What Redis 7 pre-allocates for a new stream node at most (STREAM_LISTPACK_MAX_PRE_ALLOCATE).
+_MAX_PREALLOCATED: Final = 4096
 _HASH_VALUE_BYTES: Final = int(RECOMMENDED_SETTINGS["hash-max-ziplist-value"])
 _COSTLIER: Final = "records cost more than the figures in docs/performance.md"
 
@@ -79,9 +81,17 @@ def server_settings_warnings(config: Mapping[str, str | bytes | int]) -> list[st
         )
     node_bytes = _number(settings, "stream-node-max-bytes")
     if node_bytes is not None and (node_bytes == 0 or node_bytes > _STREAM_NODE_BYTES):
+        reserved = min(node_bytes or _MAX_PREALLOCATED, _MAX_PREALLOCATED)
         warnings.append(
             f"stream-node-max-bytes is {node_bytes}: every invocation stream reserves a "
-            f"node of up to 4 KiB, so {_COSTLIER} (about 2 KB more per invocation); "
+            f"node of {reserved} bytes on Redis 7, so {_COSTLIER} (about "
+            f"{reserved - _STREAM_NODE_BYTES} B more per invocation); "
+            f"set stream-node-max-bytes {_STREAM_NODE_BYTES}"
+        )
+    elif node_bytes is not None and node_bytes < _STREAM_NODE_BYTES:
+        warnings.append(
+            f"stream-node-max-bytes is {node_bytes}: an invocation's three events no longer "
+            f"fit one stream node, so {_COSTLIER} (about 250 B more per invocation); "
             f"set stream-node-max-bytes {_STREAM_NODE_BYTES}"
         )
     value_bytes = _number(settings, "hash-max-listpack-value", "hash-max-ziplist-value")

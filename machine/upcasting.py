@@ -2,7 +2,7 @@
 
 Every event carries ``schema`` (its shape version). Stored bytes are never rewritten: an
 event of an older schema is upcast on read, step by step (``n`` to ``n + 1``), by pure
-functions on its decoded JSON object, and only then converted to the current Struct. The
+functions on its decoded fields (a JSON object), and only then converted to the current Struct. The
 chain hash always covers the stored bytes, never the upcast shape, so upgrading the code
 cannot break a journal's chain.
 
@@ -100,3 +100,22 @@ def _failed_code_to_error_code(obj: JSONObject) -> JSONObject:
     if "code" in obj and "error_code" not in obj:
         obj["error_code"] = obj.pop("code")
     return obj
+
+
+#: The last schema stored as JSON objects; schema 2 stores compact arrays (machine.compact).
+JSON_SCHEMA: Final = 1
+# The event types (machine.events.EVENT_TYPES; that module imports this one).
+_EVENT_TYPES: Final = ("Preflighted", "ProjectingStarted", "Completed", "Failed")
+
+
+def _json_to_compact(obj: JSONObject) -> JSONObject:
+    """Schema 1 events were JSON objects; schema 2 stores the same fields compactly.
+
+    The fields, their names and their values did not change, so there is nothing to
+    convert: the step only records that the event was read from its JSON form.
+    """
+    return obj
+
+
+for _kind in _EVENT_TYPES:
+    register_upcaster(_kind, JSON_SCHEMA)(_json_to_compact)

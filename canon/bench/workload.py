@@ -103,7 +103,7 @@ def _pairs(fields: dict[str, str], name: str, payload: bytes) -> list[str | byte
 class FloorArgs:
     """Pre-built EVALSHA arguments of one invocation's three calls, for any ids.
 
-    Event JSON, hashes and payload fields are built once from real events with ids of
+    Encoded events, hashes and payload fields are built once from real events with ids of
     the same length as the benchmark's; only keys and ids change per invocation. The
     hashes chain (each call's previous hash is the hash the call before stored), so
     ``append.lua`` runs every check and the fold exactly as for a Writer event.

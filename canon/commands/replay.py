@@ -16,6 +16,7 @@ from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit_tools import InvocationReplay, replay_invocation, replay_run
 from eventstore.store import Store
+from machine.events import SCHEMA_VERSION
 from machine.ids import is_safe_id
 
 
@@ -41,7 +42,7 @@ def _timeline(replay: InvocationReplay) -> Table:
         if step.payload_bytes is not None:
             payload = f"{step.payload_field or 'rejected'} {step.payload_bytes} B"
         kind = step.event_type or "undecodable"
-        if step.stored_schema is not None and step.stored_schema != 1:
+        if step.stored_schema is not None and step.stored_schema != SCHEMA_VERSION:
             kind += f" (schema {step.stored_schema}, upcast)"
         if step.detail:
             kind += f" {step.detail}"

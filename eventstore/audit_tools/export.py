@@ -21,6 +21,7 @@ from eventstore.audit_tools.readonly import Snapshot, read_snapshot
 from eventstore.audit_tools.replay import run_tool_call_ids
 from eventstore.reader import StoredEvent
 from eventstore.store import Store
+from machine.events import stored_document
 from machine.fold import InvocationState
 from machine.ids import invocation_id, is_safe_id
 
@@ -83,7 +84,7 @@ def _event_line(inv_id: str, stored: StoredEvent) -> Line:
         "decodable": stored.event is not None,
     }
     try:
-        line["event"] = msgspec.json.decode(stored.data)
+        line["event"] = stored_document(stored.data)
     except msgspec.DecodeError:
         line["event"] = None
         line["data"] = encode_payload(stored.data)

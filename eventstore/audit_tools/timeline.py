@@ -18,6 +18,7 @@ from machine.events import (
     Preflighted,
     ProjectingStarted,
     event_type,
+    stored_document,
 )
 from machine.fold import FoldError, InvocationState, fold
 
@@ -39,8 +40,9 @@ class TimelineStep(msgspec.Struct, frozen=True, kw_only=True):
         event_type: the event's tag (None when undecodable).
         stored_schema: the schema of the stored bytes (older ones were upcast on read).
         at_ms: when the event was committed, by the writer's clock.
-        event_bytes: size of the stored event JSON.
-        event_hash: SHA-256 of the stored bytes; ``stored_hash`` is the one written beside.
+        event_bytes: size of the stored event.
+        event_hash: SHA-256 of the stored bytes; ``stored_hash`` is the one written beside
+            (entries before schema 2), else the same hash.
         payload_field: the record field this event's payload lives in, if any.
         payload_bytes: the payload's (or a rejected payload's) UTF-8 size.
         payload_sha256: the payload digest the event carries.
@@ -81,7 +83,7 @@ def _payload(event: object) -> tuple[str | None, int | None, str | None, str | N
 
 def _stored_schema(data: bytes) -> int | None:
     try:
-        schema = msgspec.json.decode(data, type=dict[str, object]).get("schema")
+        schema = stored_document(data).get("schema")
     except msgspec.DecodeError:
         return None
     return schema if isinstance(schema, int) else None

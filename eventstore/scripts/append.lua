@@ -3,14 +3,15 @@
 -- Checks, in order: the record still exists (an update never creates a key, so nothing
 -- can become immortal), a retried event id is answered as applied, the expected version,
 -- the hash chain, the lifecycle transition and the evidence rule. Then folds the event
--- into the record, appends it to the stream and one entry to the shard feed. A terminal
--- event also appends the call's identity to the run's progress list. No TTL is touched
--- except the progress list's, set once when that list is created.
+-- into the record, appends it to the stream (field e only, as create.lua does) and one
+-- entry to the shard feed. A terminal event also appends the call's identity to the run's
+-- progress list. No TTL is touched except the progress list's, set once when that list
+-- is created.
 --
 -- KEYS[1] record hash   KEYS[2] event stream   KEYS[3] shard feed
 -- KEYS[4] run progress list                    KEYS[5] run registry hash
 -- ARGV[1] event type    ARGV[2] version        ARGV[3] event id
--- ARGV[4] previous hash ARGV[5] event hash     ARGV[6] event JSON
+-- ARGV[4] previous hash ARGV[5] event hash     ARGV[6] encoded event
 -- ARGV[7] event time (ms)                      ARGV[8] feed retention (ms)
 -- ARGV[9] run id        ARGV[10] tool call id
 -- ARGV[11..] field/value pairs the event sets (payloads included)
@@ -24,7 +25,7 @@
 
 local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_type, version, event_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
-local prev_hash, event_hash, event_json, at_ms = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
+local prev_hash, event_hash, event_data, at_ms = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local retention_ms, run_id, tool_call_id = tonumber(ARGV[8]), ARGV[9], ARGV[10]
 
 local rec = redis.call('HMGET', record, 'stage', 'version', 'last_hash', 'expires_at_ms',
@@ -68,7 +69,7 @@ end
 redis.call('HSET', record, 'stage', dest, 'status', STATUS_OF[dest], 'evidence_status', evidence,
   'version', version, 'last_hash', event_hash, 'updated_at_ms', at_ms, 'e' .. version, event_id,
   unpack(fields))
-redis.call('XADD', stream, '*', 'e', event_json, 'h', event_hash)
+redis.call('XADD', stream, '*', 'e', event_data)
 
 if dest == 'READY' or dest == 'ERROR' then
   redis.call('RPUSH', progress, run_id .. ':' .. tool_call_id)

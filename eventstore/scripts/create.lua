@@ -3,11 +3,13 @@
 -- Reserves the run and tool budgets, records the invocation in its run, writes the
 -- canonical record with the complete request, sets ONE absolute expiry on record and
 -- stream (the only place a TTL is ever set on them), appends the event to the stream and
--- one small entry to the shard feed (the outbox).
+-- one small entry to the shard feed (the outbox). The stream entry holds the encoded
+-- event only (field e): its hash becomes the record's last_hash and the next event's
+-- previous hash, so storing it beside the event again would add nothing.
 --
 -- KEYS[1] record hash        KEYS[2] event stream      KEYS[3] shard feed
 -- KEYS[4] run registry hash  KEYS[5] shard control hash
--- ARGV[1] event id           ARGV[2] event hash        ARGV[3] event JSON
+-- ARGV[1] event id           ARGV[2] event hash        ARGV[3] encoded event
 -- ARGV[4] run id             ARGV[5] tool call id      ARGV[6] tool name
 -- ARGV[7] invocation id      ARGV[8] event time (ms)   ARGV[9] record TTL (ms)
 -- ARGV[10] feed retention (ms)  ARGV[11] event version   ARGV[12] previous hash
@@ -22,7 +24,7 @@
 -- @lifecycle-tables
 
 local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local event_id, event_hash, event_json = ARGV[1], ARGV[2], ARGV[3]
+local event_id, event_hash, event_data = ARGV[1], ARGV[2], ARGV[3]
 local run_id, tool_call_id, tool, invocation_id = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local at_ms, ttl_ms, retention_ms = ARGV[8], tonumber(ARGV[9]), tonumber(ARGV[10])
 local version, prev_hash = ARGV[11], ARGV[12]
@@ -79,7 +81,7 @@ redis.call('HSET', record, 'stage', stage, 'status', STATUS_OF[stage],
   'updated_at_ms', at_ms, 'expires_at_ms', expires_at_ms, 'invocation_id', invocation_id,
   'e1', event_id, unpack(fields))
 redis.call('PEXPIREAT', record, expires_at_ms)
-redis.call('XADD', stream, '*', 'e', event_json, 'h', event_hash)
+redis.call('XADD', stream, '*', 'e', event_data)
 redis.call('PEXPIREAT', stream, expires_at_ms)
 
 local feed_id = redis.call('XADD', feed, 'MINID', '~', math.max(0, now_ms - retention_ms), '*',

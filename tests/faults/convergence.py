@@ -11,6 +11,7 @@ from typing import Any, Final
 import msgspec
 
 from eventstore.store import Store
+from machine.events import stored_document
 from projections import read_view
 
 GROUPS: Final = ("receipts", "progress")
@@ -56,7 +57,7 @@ async def terminal_events(store: Store) -> Counter[str]:
                 pipe.xrange(key)
             for entries in await pipe.execute():
                 for _, fields in entries:
-                    kind = msgspec.json.decode(fields[b"e"])["type"]
+                    kind = stored_document(fields[b"e"])["type"]
                     if kind in ("Completed", "Failed"):
                         kinds[kind] += 1
     return kinds

@@ -2,10 +2,12 @@
 
     .venv/bin/python tests/golden/make_golden.py
 
-Each ``<name>.jsonl`` holds one event per line, byte for byte as the stream stores it
-(field ``e``); ``<name>.expected.json`` is the folded state as formatted msgspec JSON.
-Regenerate only on purpose: a changed fixture is a changed event shape or fold, and
-records already stored in production keep their old bytes.
+Each ``<name>.jsonl`` holds one schema 0/1 event per line, byte for byte as the stream
+stored it (field ``e``) before schema 2; each ``<name>.compact.hex`` holds one event per
+line as the hex of its stored bytes in the compact encoding of schema 2 (a stream written
+across the upgrade mixes both). ``<name>[.compact].expected.json`` is the folded state as
+formatted msgspec JSON. Regenerate only on purpose: a changed fixture is a changed event
+shape, encoding or fold, and records already stored in production keep their old bytes.
 """
 
 from __future__ import annotations
@@ -41,12 +43,25 @@ def render_state(lines: list[bytes]) -> bytes:
     return msgspec.json.format(msgspec.json.encode(state), indent=2) + b"\n"
 
 
-class _Chain:
-    """Builds one invocation's stored lines, each linked to the hash of the previous."""
+def json_line(event: Event) -> bytes:
+    """The stored bytes of ``event`` as a schema 1 writer stored it: its JSON object."""
+    return msgspec.json.encode(msgspec.structs.replace(event, schema=1))
 
-    def __init__(self, name: str) -> None:
+
+class _Chain:
+    """Builds one invocation's stored lines, each linked to the hash of the previous.
+
+    Events are stored as schema 1 JSON until :meth:`upgrade`, compactly after it.
+    """
+
+    def __init__(self, name: str, *, compact: bool = False) -> None:
         self.name = name
         self.lines: list[bytes] = []
+        self.compact = compact
+
+    def upgrade(self) -> _Chain:
+        self.compact = True
+        return self
 
     @property
     def prev_hash(self) -> str:
@@ -62,7 +77,7 @@ class _Chain:
         }
 
     def add(self, event: Event) -> _Chain:
-        self.lines.append(encode_event(event))
+        self.lines.append(encode_event(event) if self.compact else json_line(event))
         return self
 
     def add_raw(self, obj: dict[str, Any]) -> _Chain:
@@ -101,31 +116,52 @@ class _Chain:
         return self.add(Failed(**self.common(), error_code=code, rejected_bytes=rejected_bytes))
 
 
-def histories() -> dict[str, list[bytes]]:
-    """Return every golden history by name."""
-    request = b'{"query":"canonical records"}'
-    raw = b'{"hits":[{"id":"doc-1","title":"Canonical records"}]}'
-    result = b'{"summary":"1 document found","ids":["doc-1"]}'
-    empty = b'{"summary":"nothing found","ids":[]}'
-    chains = [
-        _Chain("ready")
-        .preflighted(request)
-        .projecting(raw)
-        .completed(result, EvidenceStatus.EVIDENCE_FOUND, "docs:title-search"),
-        _Chain("no-evidence")
-        .preflighted(request, tool="lookup")
+REQUEST = b'{"query":"canonical records"}'
+RAW = b'{"hits":[{"id":"doc-1","title":"Canonical records"}]}'
+RESULT = b'{"summary":"1 document found","ids":["doc-1"]}'
+EMPTY = b'{"summary":"nothing found","ids":[]}'
+
+
+def _lifecycles(compact: bool) -> list[_Chain]:
+    """READY, NO_EVIDENCE and both ERROR paths, stored as JSON or compactly."""
+    return [
+        _Chain("ready", compact=compact)
+        .preflighted(REQUEST)
+        .projecting(RAW)
+        .completed(RESULT, EvidenceStatus.EVIDENCE_FOUND, "docs:title-search"),
+        _Chain("no-evidence", compact=compact)
+        .preflighted(REQUEST, tool="lookup")
         .projecting(b'{"hits":[]}')
-        .completed(empty, EvidenceStatus.NO_EVIDENCE, "docs:exact-id"),
-        _Chain("error-executing").preflighted(request).failed(ErrorCode.EXECUTION_FAILED),
-        _Chain("error-projecting")
-        .preflighted(request)
-        .projecting(raw)
+        .completed(EMPTY, EvidenceStatus.NO_EVIDENCE, "docs:exact-id"),
+        _Chain("error-executing", compact=compact)
+        .preflighted(REQUEST)
+        .failed(ErrorCode.EXECUTION_FAILED),
+        _Chain("error-projecting", compact=compact)
+        .preflighted(REQUEST)
+        .projecting(RAW)
         .failed(ErrorCode.RESULT_TOO_LARGE, rejected_bytes=20_480),
     ]
+
+
+def histories() -> dict[str, list[bytes]]:
+    """Return every golden history stored as JSON (schemas 0 and 1), by name."""
+    request = REQUEST
+    chains = _lifecycles(compact=False)
     legacy = _Chain("legacy-schema0").preflighted(request, tool="flaky")
     # Schema 0 ``Failed`` (a test-fixture legacy shape): ``code``, no ``rejected_bytes``.
     legacy.add_raw({"type": "Failed", "code": "EXECUTION_FAILED", **legacy.common(), "schema": 0})
     chains.append(legacy)
+    return {chain.name: chain.lines for chain in chains}
+
+
+def compact_histories() -> dict[str, list[bytes]]:
+    """Return every golden history of schema 2 (compact), by name.
+
+    ``upgrade`` began before schema 2 (a JSON Preflighted) and ended after it.
+    """
+    chains = _lifecycles(compact=True)
+    upgrade = _Chain("upgrade").preflighted(REQUEST).upgrade().projecting(RAW)
+    chains.append(upgrade.completed(RESULT, EvidenceStatus.EVIDENCE_FOUND, "docs:title-search"))
     return {chain.name: chain.lines for chain in chains}
 
 
@@ -135,6 +171,11 @@ def main() -> None:
         (HERE / f"{name}.jsonl").write_bytes(b"".join(line + b"\n" for line in lines))
         (HERE / f"{name}.expected.json").write_bytes(render_state(lines))
         print(f"wrote {name}")
+    for name, lines in compact_histories().items():
+        text = "".join(line.hex() + "\n" for line in lines)
+        (HERE / f"{name}.compact.hex").write_text(text, "ascii")
+        (HERE / f"{name}.compact.expected.json").write_bytes(render_state(lines))
+        print(f"wrote {name}.compact")
 
 
 if __name__ == "__main__":

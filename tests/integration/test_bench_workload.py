@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from datetime import timedelta
 
+import pytest
 from redis.asyncio import Redis
 
 from canon.bench.workload import (
@@ -15,6 +16,7 @@ from canon.bench.workload import (
     tool_call_id_for,
 )
 from eventstore.scripts import script_source
+from eventstore.server_settings import RECOMMENDED_SETTINGS
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import EvidenceStatus
@@ -62,3 +64,21 @@ async def test_floor_and_writer_store_the_same_shapes(store: Store, redis: Redis
     assert by_call[tool_call_id_for(2).encode()] == by_call[tool_call_id_for(1).encode()]
     record = await store.get(run_id, tool_call_id_for(2))
     assert record is not None and record.raw == payloads.raw
+
+
+async def test_a_benchmark_invocation_keeps_its_events_in_one_stream_node(
+    store: Store, redis: Redis
+) -> None:
+    """Entries hold the encoded event only, and the three events share one stream node."""
+    node_bytes = (await redis.config_get("stream-node-max-bytes"))["stream-node-max-bytes"]
+    if node_bytes != RECOMMENDED_SETTINGS["stream-node-max-bytes"]:
+        pytest.skip(f"the server's stream-node-max-bytes is {node_bytes}, not the recommended")
+    payloads = Payloads.of()
+    run_id = run_id_for("memory", 0, 1, 0)
+    await store.open_run(run_id, deadline=timedelta(minutes=5), tools={TOOL: None})
+    head = await store.writer.create(run_id, tool_call_id_for(1), TOOL, payloads.request)
+    head = await store.writer.start_projecting(head, payloads.raw)
+    await store.writer.complete(head, payloads.result, EvidenceStatus.EVIDENCE_FOUND, SCOPE)
+    stream = store.keys.stream(run_id, tool_call_id_for(1))
+    assert [list(fields) for _, fields in await redis.xrange(stream)] == [[b"e"]] * 3
+    assert (await redis.xinfo_stream(stream))["radix-tree-keys"] == 1

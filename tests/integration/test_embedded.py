@@ -65,10 +65,10 @@ def test_start_answers_ping_with_binary_version(server_binary: ServerBinary) -> 
 
 
 def test_recommended_settings_are_applied(server_binary: ServerBinary) -> None:
-    """The server never evicts, uses 1024-byte stream nodes and saves no RDB."""
+    """The server never evicts, uses 384-byte stream nodes and saves no RDB."""
     with EmbeddedRedis(server_binary) as server, _client(server) as client:
         assert client.config_get("maxmemory-policy") == {"maxmemory-policy": "noeviction"}
-        assert client.config_get("stream-node-max-bytes") == {"stream-node-max-bytes": "1024"}
+        assert client.config_get("stream-node-max-bytes") == {"stream-node-max-bytes": "384"}
         assert client.config_get("save") == {"save": ""}
         assert client.config_get("appendonly") == {"appendonly": "no"}
         assert str(client.config_get("bind")["bind"]).split()[0] == "127.0.0.1"

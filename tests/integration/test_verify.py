@@ -14,7 +14,7 @@ from redis.asyncio import Redis
 from canon.cli import main
 from eventstore.keys import shard_of
 from eventstore.store import Store
-from machine.events import event_hash
+from machine.events import decode_event, encode_event, event_hash
 from machine.ids import invocation_id
 from tests.integration.test_replay import CALLS, RUN, populate, replay_json, run_cli, store
 
@@ -63,11 +63,12 @@ async def shorten_stream_ttl(store: Store, redis: Redis) -> None:
 async def _rewrite_last_event(store: Store, redis: Redis, *, rehash: bool) -> None:
     stream = store.keys.stream(RUN, "call-ready")
     entry_id, fields = (await redis.xrange(stream))[-1]
-    event = msgspec.json.decode(fields[b"e"])
-    event["result_sha256"] = "f" * 64
-    data = msgspec.json.encode(event)
+    data = encode_event(msgspec.structs.replace(decode_event(fields[b"e"]), result_sha256="f" * 64))
+    # The rewritten entry carries a stored hash beside it, as entries before schema 2 did:
+    # the new bytes' hash, or the hash of the bytes it replaced.
+    stored_hash = event_hash(data) if rehash else event_hash(fields[b"e"])
     await redis.xdel(stream, entry_id)
-    await redis.xadd(stream, {"e": data, "h": event_hash(data) if rehash else fields[b"h"]})
+    await redis.xadd(stream, {"e": data, "h": stored_hash})
 
 
 async def alter_digest_and_rehash(store: Store, redis: Redis) -> None:

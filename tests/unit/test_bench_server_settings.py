@@ -52,7 +52,16 @@ def test_absent_or_unreadable_settings_are_not_judged() -> None:
     assert server_settings_warnings({"stream-node-max-bytes": "lots"}) == []
 
 
-def test_smaller_stream_nodes_and_larger_hash_values_are_fine() -> None:
-    """Settings that make records cheaper than recommended are not warned about."""
-    config = {"stream-node-max-bytes": "512", "hash-max-ziplist-value": "65536"}
+def test_larger_hash_values_are_fine() -> None:
+    """A hash value limit above the recommended one keeps records compact: no warning."""
+    config = {**RECOMMENDED_SETTINGS, "hash-max-ziplist-value": "65536"}
     assert server_settings_warnings(config) == []
+
+
+def test_stream_nodes_other_than_recommended_are_named() -> None:
+    """Larger nodes reserve more per stream, smaller ones split an invocation's events."""
+    for value, reason in (("1024", "reserves a node of 1024 bytes"), ("0", "of 4096 bytes")):
+        (warning,) = server_settings_warnings({"stream-node-max-bytes": value})
+        assert warning.startswith(f"stream-node-max-bytes is {value}") and reason in warning
+    (warning,) = server_settings_warnings({"stream-node-max-bytes": "256"})
+    assert "no longer fit one stream node" in warning

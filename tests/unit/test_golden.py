@@ -9,7 +9,15 @@ from types import ModuleType
 import msgspec
 import pytest
 
-from machine.events import GENESIS_HASH, SCHEMA_VERSION, decode_event, encode_event, event_hash
+from machine.compact import is_compact
+from machine.events import (
+    GENESIS_HASH,
+    SCHEMA_VERSION,
+    decode_event,
+    encode_event,
+    event_hash,
+    stored_document,
+)
 
 GOLDEN = pathlib.Path(__file__).parents[1] / "golden"
 NAMES = sorted(path.name.removesuffix(".jsonl") for path in GOLDEN.glob("*.jsonl"))
@@ -32,8 +40,25 @@ def _generator() -> ModuleType:
     return module
 
 
+#: The schema 2 (compact) companions: the same lifecycles, and one stream that began as
+#: JSON before the upgrade and ended compactly after it.
+COMPACT_OUTCOME = {
+    "ready": EXPECTED_OUTCOME["ready"],
+    "no-evidence": EXPECTED_OUTCOME["no-evidence"],
+    "error-executing": EXPECTED_OUTCOME["error-executing"],
+    "error-projecting": EXPECTED_OUTCOME["error-projecting"],
+    "upgrade": ("READY", "EVIDENCE_FOUND", None),
+}
+COMPACT_NAMES = sorted(path.name.removesuffix(".compact.hex") for path in GOLDEN.glob("*.hex"))
+
+
 def _lines(name: str) -> list[bytes]:
     return (GOLDEN / f"{name}.jsonl").read_bytes().splitlines()
+
+
+def _compact_lines(name: str) -> list[bytes]:
+    text = (GOLDEN / f"{name}.compact.hex").read_text("ascii")
+    return [bytes.fromhex(line) for line in text.splitlines()]
 
 
 def test_every_required_history_is_checked_in() -> None:
@@ -92,3 +117,75 @@ def test_generator_reproduces_the_checked_in_histories() -> None:
     """The generator script and the checked-in lines agree (fixtures are not hand-edited)."""
     for name, lines in _generator().histories().items():
         assert lines == _lines(name)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_json_lines_keep_their_shape_in_schema_2(name: str) -> None:
+    """Schema 2 changed the encoding only: a schema 1 line re-encodes as JSON byte for byte."""
+    for line in _lines(name):
+        if msgspec.json.decode(line)["schema"] == 1:
+            event = msgspec.structs.replace(decode_event(line), schema=1)
+            assert msgspec.json.encode(event) == line
+
+
+def test_every_compact_history_is_checked_in() -> None:
+    """Each lifecycle also has a schema 2 history, and one stream spans the upgrade."""
+    assert sorted(COMPACT_OUTCOME) == COMPACT_NAMES
+    for name in COMPACT_NAMES:
+        assert (GOLDEN / f"{name}.compact.expected.json").is_file()
+    mixed = [is_compact(line) for line in _compact_lines("upgrade")]
+    assert mixed == [False, True, True]
+
+
+@pytest.mark.parametrize("name", COMPACT_NAMES)
+def test_compact_history_folds_to_the_byte_identical_expected_record(name: str) -> None:
+    """Folding the stored compact lines gives exactly the checked-in expected record bytes."""
+    expected = (GOLDEN / f"{name}.compact.expected.json").read_bytes()
+    assert _generator().render_state(_compact_lines(name)) == expected
+
+
+@pytest.mark.parametrize("name", COMPACT_NAMES)
+def test_compact_expected_record_states_the_intended_outcome(name: str) -> None:
+    """Each compact expected record has its status, evidence, error code and last hash."""
+    record = msgspec.json.decode((GOLDEN / f"{name}.compact.expected.json").read_bytes())
+    status, evidence, error_code = COMPACT_OUTCOME[name]
+    assert (record["status"], record["evidence_status"], record["error_code"]) == (
+        status,
+        evidence,
+        error_code,
+    )
+    assert record["version"] == len(_compact_lines(name))
+    assert record["last_hash"] == event_hash(_compact_lines(name)[-1])
+
+
+@pytest.mark.parametrize("name", sorted(set(COMPACT_NAMES) & set(NAMES)))
+def test_the_encoding_changes_nothing_but_the_chain_hashes(name: str) -> None:
+    """A lifecycle stored compactly folds to the JSON history's record but for last_hash."""
+    as_json = msgspec.json.decode((GOLDEN / f"{name}.expected.json").read_bytes())
+    compact = msgspec.json.decode((GOLDEN / f"{name}.compact.expected.json").read_bytes())
+    assert as_json.pop("last_hash") != compact.pop("last_hash")
+    assert as_json == compact
+
+
+@pytest.mark.parametrize("name", COMPACT_NAMES)
+def test_compact_history_chain_links_the_stored_bytes(name: str) -> None:
+    """Each compact line names the hash of the line before (genesis for the first)."""
+    previous = GENESIS_HASH
+    for line in _compact_lines(name):
+        assert stored_document(line)["prev_hash"] == previous
+        previous = event_hash(line)
+
+
+@pytest.mark.parametrize("name", COMPACT_NAMES)
+def test_compact_lines_reencode_to_the_same_bytes(name: str) -> None:
+    """A current-schema event re-encodes byte for byte: an encoding change fails here."""
+    for line in _compact_lines(name):
+        if is_compact(line):
+            assert stored_document(line)["schema"] == SCHEMA_VERSION
+            assert encode_event(decode_event(line)) == line
+
+
+def test_generator_reproduces_the_checked_in_compact_histories() -> None:
+    """The generator script and the checked-in compact lines agree."""
+    for name, lines in _generator().compact_histories().items():
+        assert lines == _compact_lines(name)

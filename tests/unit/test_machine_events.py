@@ -1,18 +1,18 @@
-"""Events: explicit permanent tags, canonical JSON, lossless round trips."""
+"""Events: explicit permanent tags, one compact stored encoding, lossless round trips."""
 
 from __future__ import annotations
-
-import json
 
 import msgspec
 import pytest
 
 from machine.codes import ErrorCode, EvidenceStatus
+from machine.compact import COMPACT_LAYOUT, EVIDENCE_CODES, TYPE_CODES, is_compact
 from machine.events import (
     EVENT_TYPES,
     GENESIS_HASH,
     SCHEMA_VERSION,
     Completed,
+    Event,
     Failed,
     Preflighted,
     ProjectingStarted,
@@ -21,6 +21,7 @@ from machine.events import (
     event_hash,
     event_type,
     payload_digest,
+    stored_document,
 )
 from tests.helpers import make_event
 
@@ -34,10 +35,12 @@ _CLASSES = {
 
 @pytest.mark.parametrize("kind", EVENT_TYPES)
 def test_event_round_trips_with_explicit_tag(kind: str) -> None:
-    """Each event encodes with "type": <its tag> and decodes back to an equal event."""
+    """Each event is stored with its type and schema and decodes back to an equal event."""
     event = make_event(kind, None)
     data = encode_event(event)
-    document = json.loads(data)
+    assert is_compact(data)
+    assert msgspec.msgpack.decode(data)[:2] == [TYPE_CODES[kind], SCHEMA_VERSION]
+    document = stored_document(data)
     assert document["type"] == kind
     assert document["schema"] == SCHEMA_VERSION
     decoded = decode_event(data)
@@ -55,13 +58,18 @@ def test_tags_do_not_depend_on_class_names() -> None:
 
 
 def test_decoding_accepts_text_and_refuses_unknown_tags() -> None:
-    """Stored events decode from str as from bytes; an unknown type is a DecodeError."""
+    """JSON events decode from str as from bytes; an unknown type is a DecodeError."""
     event = make_event("Failed", None)
-    assert decode_event(encode_event(event).decode()) == event
+    stored_json = msgspec.json.encode(event)
+    assert decode_event(stored_json.decode()) == event == decode_event(stored_json)
     with pytest.raises(msgspec.DecodeError):
         decode_event(b'{"type":"Teleported","event_id":"x","version":1,"at_ms":1}')
     with pytest.raises(msgspec.DecodeError):
+        decode_event(msgspec.msgpack.encode([9, SCHEMA_VERSION, "x", 1, 1, b""]))
+    with pytest.raises(msgspec.DecodeError):
         decode_event(b"not json")
+    with pytest.raises(msgspec.DecodeError):
+        decode_event(b"\x93\x01")  # a truncated compact event
 
 
 def test_old_fixture_without_defaults_still_decodes() -> None:
@@ -79,11 +87,79 @@ def test_old_fixture_without_defaults_still_decodes() -> None:
 
 
 def test_enum_fields_are_stored_as_their_values() -> None:
-    """Evidence statuses and error codes are stored as their stable string values."""
-    failed = json.loads(encode_event(make_event("Failed", None)))
-    assert failed["error_code"] == ErrorCode.EXECUTION_FAILED.value
-    completed = json.loads(encode_event(make_event("Completed", None)))
-    assert completed["evidence_status"] == "EVIDENCE_FOUND"
+    """Error codes are stored as their stable strings, evidence statuses as permanent codes."""
+    failed = encode_event(make_event("Failed", None))
+    assert ErrorCode.EXECUTION_FAILED.value in msgspec.msgpack.decode(failed)
+    assert stored_document(failed)["error_code"] == ErrorCode.EXECUTION_FAILED.value
+    completed = encode_event(make_event("Completed", None))
+    position = 2 + COMPACT_LAYOUT["Completed"].index("evidence_status")
+    code = EVIDENCE_CODES[EvidenceStatus.EVIDENCE_FOUND]
+    assert msgspec.msgpack.decode(completed)[position] == code
+    assert stored_document(completed)["evidence_status"] == "EVIDENCE_FOUND"
+
+
+def test_code_tables_are_permanent() -> None:
+    """Type and evidence codes never change: stored events are read by them."""
+    assert TYPE_CODES == {"Preflighted": 1, "ProjectingStarted": 2, "Completed": 3, "Failed": 4}
+    assert {status.value: code for status, code in EVIDENCE_CODES.items()} == {
+        "PENDING": 0,
+        "EVIDENCE_FOUND": 1,
+        "NO_EVIDENCE": 2,
+        "ERROR": 3,
+    }
+    assert set(EVIDENCE_CODES) == set(EvidenceStatus)
+
+
+@pytest.mark.parametrize("kind", EVENT_TYPES)
+def test_compact_layout_names_every_field_once(kind: str) -> None:
+    """No event field is left out of the compact encoding, none is stored twice."""
+    fields = set(_CLASSES[kind].__struct_fields__) - {"schema"}
+    layout = COMPACT_LAYOUT[kind]
+    assert len(layout) == len(set(layout)) and set(layout) == fields
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        ProjectingStarted(
+            event_id="e2", version=2, at_ms=0, prev_hash="AB", raw_sha256="", raw_bytes=0
+        ),
+        ProjectingStarted(
+            event_id="abc", version=2, at_ms=2**62, prev_hash="", raw_sha256="0f", raw_bytes=1
+        ),
+        Failed(
+            event_id="ff" * 40,
+            version=9,
+            at_ms=1,
+            prev_hash=GENESIS_HASH,
+            error_code=ErrorCode.RESULT_TOO_LARGE,
+        ),
+    ],
+)
+def test_any_string_round_trips(event: Event) -> None:
+    """Ids and hashes that are not lowercase hex are stored as text, losslessly."""
+    data = encode_event(event)
+    assert decode_event(data) == event
+    assert encode_event(decode_event(data)) == data
+
+
+def test_hex_is_stored_as_bytes_and_genesis_as_nothing() -> None:
+    """Digests, hashes and ids take the bytes they spell; the genesis hash takes none."""
+    first = make_event("Preflighted", None, event_id="ab" * 16)
+    items = msgspec.msgpack.decode(encode_event(first))
+    assert items[2] == bytes.fromhex("ab" * 16) and items[5] == b""
+    assert bytes.fromhex(first.request_sha256) in items
+    assert decode_event(encode_event(first)).prev_hash == GENESIS_HASH
+
+
+def test_schema1_json_events_still_decode() -> None:
+    """Events stored as JSON before schema 2 decode to the equal current event."""
+    for kind in EVENT_TYPES:
+        event = make_event(kind, None)
+        stored = msgspec.json.encode(msgspec.structs.replace(event, schema=1))
+        assert b'"schema":1' in stored and not is_compact(stored)
+        assert decode_event(stored) == event
+        assert stored_document(stored)["schema"] == 1
 
 
 def test_events_carry_digests_never_payloads() -> None:
@@ -99,7 +175,7 @@ def test_events_carry_digests_never_payloads() -> None:
     )
     data = encode_event(event)
     assert b"secret-marker" not in data
-    assert payload_digest(payload).encode() in data
+    assert bytes.fromhex(payload_digest(payload)) in data
 
 
 def test_hashes_are_sha256_hex() -> None:

@@ -7,6 +7,7 @@ import pytest
 
 from machine.codes import ErrorCode
 from machine.events import (
+    EVENT_TYPES,
     GENESIS_HASH,
     SCHEMA_VERSION,
     Failed,
@@ -14,6 +15,7 @@ from machine.events import (
     decode_event,
     encode_event,
     event_hash,
+    stored_document,
 )
 from machine.fold import fold
 from machine.upcasting import (
@@ -48,10 +50,17 @@ def _preflighted() -> Preflighted:
     )
 
 
-def test_current_schema_is_one_and_every_event_carries_it() -> None:
-    """Events are written with schema 1 and the field is part of their stored JSON."""
-    assert SCHEMA_VERSION == 1
-    assert b'"schema":1' in encode_event(_preflighted())
+def test_current_schema_is_two_and_every_event_carries_it() -> None:
+    """Events are written with schema 2, stored second in their compact array."""
+    assert SCHEMA_VERSION == 2
+    assert msgspec.msgpack.decode(encode_event(_preflighted()))[1] == 2
+    assert stored_document(encode_event(_preflighted()))["schema"] == 2
+
+
+def test_every_event_type_has_a_step_from_json_schema_1() -> None:
+    """Each event type has a registered upcaster from schema 1 (JSON) to schema 2."""
+    for kind in EVENT_TYPES:
+        assert (kind, 1) in registered_upcasters()
 
 
 def test_schema0_failed_with_code_decodes_as_current_failed() -> None:
@@ -75,21 +84,25 @@ def test_upcast_leaves_its_input_untouched() -> None:
 
 def test_current_event_is_returned_unchanged_by_upcast() -> None:
     """An event already at the current schema passes through upcast as an equal object."""
-    obj = msgspec.json.decode(encode_event(_preflighted()))
+    obj = stored_document(encode_event(_preflighted()))
     assert upcast(obj, SCHEMA_VERSION) == obj
 
 
 def test_future_schema_is_refused_as_a_decode_error() -> None:
     """An event newer than the code is undecodable (a DecodeError), never guessed at."""
-    obj = msgspec.json.decode(encode_event(_preflighted()))
+    obj = stored_document(encode_event(_preflighted()))
     obj["schema"] = SCHEMA_VERSION + 1
     with pytest.raises(msgspec.DecodeError):
         decode_event(msgspec.json.encode(obj))
+    items = msgspec.msgpack.decode(encode_event(_preflighted()))
+    items[1] = SCHEMA_VERSION + 1
+    with pytest.raises(UpcastError):
+        decode_event(msgspec.msgpack.encode(items))
 
 
 def test_old_schema_without_an_upcaster_is_refused() -> None:
     """A schema with no registered step raises UpcastError, a msgspec ValidationError."""
-    obj = msgspec.json.decode(encode_event(_preflighted()))
+    obj = stored_document(encode_event(_preflighted()))
     obj["schema"] = 0
     with pytest.raises(UpcastError):
         upcast(obj, SCHEMA_VERSION)
@@ -99,10 +112,13 @@ def test_old_schema_without_an_upcaster_is_refused() -> None:
 
 def test_malformed_current_event_still_raises_validation_error() -> None:
     """A current-schema event missing a field fails decoding after the slow path too."""
-    obj = msgspec.json.decode(encode_event(_preflighted()))
+    obj = stored_document(encode_event(_preflighted()))
     del obj["tool"]
     with pytest.raises(msgspec.ValidationError):
         decode_event(msgspec.json.encode(obj))
+    truncated = msgspec.msgpack.decode(encode_event(_preflighted()))[:-3]
+    with pytest.raises(msgspec.ValidationError):
+        decode_event(msgspec.msgpack.encode(truncated))
 
 
 def test_non_object_json_is_refused() -> None:
