@@ -81,6 +81,22 @@ class FeedEntry(msgspec.Struct, frozen=True, kw_only=True):
         return entry
 
 
+def unsettled_entry(shard: int, run_id: str, tool_call_id: str) -> FeedEntry:
+    """An entry without id, for projecting a record as it is now (a rebuild).
+
+    The projection scripts write the output of such an entry and settle nothing.
+    """
+    return FeedEntry(
+        shard=shard,
+        entry_id="",
+        run_id=run_id,
+        tool_call_id=tool_call_id,
+        version=0,
+        event_type="",
+        status=Status.PROJECTING,
+    )
+
+
 class Projection(Protocol):
     """A consumer of the shard feeds (one Redis consumer group, named after it).
 

@@ -22,7 +22,7 @@ from eventstore.writer import now_ms
 from machine.codes import Status
 from projections.base import BaseProjection
 from projections.facts import FactScan, extend_facts
-from projections.feed import FeedEntry, Outcome
+from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.generations import current_generation
 from projections.runtime import Worker, WorkerOptions
 
@@ -80,17 +80,7 @@ class ProgressProjection(BaseProjection):
     async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
         """Count the record as it is now, settling no feed entry (rebuilds)."""
         shard = shard_of(run_id, self.store.keys.shards)
-        # An entry without id: the script then writes the view and settles nothing.
-        unsettled = FeedEntry(
-            shard=shard,
-            entry_id="",
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            version=0,
-            event_type="",
-            status=Status.PROJECTING,
-        )
-        return (await self.apply_batch(shard, [unsettled]))[0]
+        return (await self.apply_batch(shard, [unsettled_entry(shard, run_id, tool_call_id)]))[0]
 
     async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
         """Fold a batch of one shard's entries into the views in one read and one script.

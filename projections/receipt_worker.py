@@ -23,13 +23,12 @@ from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import invocation_id
 from projections.base import BaseProjection
-from projections.feed import FeedEntry, Outcome
+from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.receipts import encode_receipt
 from projections.runtime import Worker, WorkerOptions
 from projections.snapshot import (
     RECEIPT_FIELDS,
     Snapshot,
-    read_snapshot,
     receipt_of,
     snapshot_of,
 )
@@ -62,13 +61,12 @@ class ReceiptProjection(BaseProjection):
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Rebuild the entry's receipt from the record as it is now; store it if newer."""
-        invocation = (entry.run_id, entry.tool_call_id)
-        if entry.version <= self._stored.get(invocation, 0):
-            return await self.settle(entry.shard, entry.entry_id, Outcome.STALE.value)
-        outcome = await self._project(entry.run_id, entry.tool_call_id, entry.shard, entry.entry_id)
-        if outcome is None:
-            return await self.settle(entry.shard, entry.entry_id, "expired")
-        return outcome
+        return (await self.apply_batch(entry.shard, [entry]))[0]
+
+    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
+        """Store the receipt of the record as it is now, settling no feed entry (rebuilds)."""
+        shard = shard_of(run_id, self.store.keys.shards)
+        return (await self.apply_batch(shard, [unsettled_entry(shard, run_id, tool_call_id)]))[0]
 
     async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
         """Settle a batch of one shard's entries in one read and one script call.
@@ -85,7 +83,7 @@ class ReceiptProjection(BaseProjection):
         build = [
             entry
             for invocation, entry in latest.items()
-            if entry.version > self._stored.get(invocation, 0)
+            if entry.version > self._stored.get(invocation, 0) or not entry.entry_id
         ]
         snapshots = await self._read(build)
         keys = [self.position_key(shard), self.store.keys.feed(shard)]
@@ -106,7 +104,7 @@ class ReceiptProjection(BaseProjection):
         built_ids = {entry.entry_id for entry in built}
         rest: list[str | int | bytes] = []
         for entry in entries:
-            if entry.entry_id not in built_ids:
+            if entry.entry_id not in built_ids and entry.entry_id:
                 gone = (entry.run_id, entry.tool_call_id) in expired
                 rest += [entry.entry_id, Outcome.EXPIRED.value if gone else Outcome.STALE.value]
         replies = await self.scripts.receipts_put(
@@ -121,6 +119,8 @@ class ReceiptProjection(BaseProjection):
             entry_id = str(rest[2 * index])
             counter = str(rest[2 * index + 1])
             outcomes[entry_id] = Outcome.DUPLICATE if outcome == "duplicate" else Outcome(counter)
+        if any(not entry.entry_id for entry in entries) and "" not in built_ids:
+            outcomes[""] = Outcome.EXPIRED  # a rebuild's record that is gone
         return [outcomes[entry.entry_id] for entry in entries]
 
     async def _read(self, entries: Sequence[FeedEntry]) -> list[Snapshot]:
@@ -139,35 +139,6 @@ class ReceiptProjection(BaseProjection):
             snapshot_of(replies[index], replies[index + 1], observed)
             for index in range(0, len(replies), 2)
         ]
-
-    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
-        """Store the receipt of the record as it is now, settling no feed entry (rebuilds)."""
-        shard = shard_of(run_id, self.store.keys.shards)
-        return await self._project(run_id, tool_call_id, shard, "") or Outcome.EXPIRED
-
-    async def _project(
-        self, run_id: str, tool_call_id: str, shard: int, entry_id: str
-    ) -> Outcome | None:
-        store, keys = self.store, self.store.keys
-        snapshot = await read_snapshot(store, run_id, tool_call_id)
-        if not snapshot.fields:
-            return None
-        outcome, stored_version = await self.scripts.receipt_put(
-            [
-                self.receipt_key(run_id, tool_call_id),
-                keys.record(run_id, tool_call_id),
-                self.position_key(shard),
-                keys.feed(shard),
-            ],
-            group=self.name,
-            entry_id=entry_id,
-            version=snapshot.version,
-            body=encode_receipt(receipt_of(store, snapshot)),
-            now=now_ms(),
-        )
-        if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and stored_version.isdigit():
-            self._remember((run_id, tool_call_id), int(stored_version))
-        return Outcome(outcome)
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the version of the materialized receipt (0 when there is none)."""

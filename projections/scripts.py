@@ -37,7 +37,6 @@ class ProjectionScripts:
     """The projection scripts registered on one client."""
 
     def __init__(self, client: Redis) -> None:
-        self._receipt_put: AsyncScript = client.register_script(script_source("receipt_put"))
         self._receipts_put: AsyncScript = client.register_script(script_source("receipts_put"))
         self._read_snapshots: AsyncScript = client.register_script(script_source("read_snapshots"))
         self._views_put: AsyncScript = client.register_script(script_source("views_put"))
@@ -51,12 +50,6 @@ class ProjectionScripts:
         async with redis_errors():
             reply = await script(keys=list(keys), args=list(args))
         return _text(reply[0]), _text(reply[1])
-
-    async def receipt_put(
-        self, keys: Sequence[str], *, group: str, entry_id: str, version: int, body: bytes, now: int
-    ) -> tuple[str, str]:
-        """Run ``receipt_put.lua``; keys are receipt, record, position, feed."""
-        return await self._call(self._receipt_put, keys, [group, entry_id, version, body, now])
 
     @staticmethod
     async def _call_batch(

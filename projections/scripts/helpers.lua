@@ -26,3 +26,22 @@ local function advance(position, entry_id, counter, now_ms)
   redis.call('HINCRBY', position, counter, 1)
   redis.call('HSET', position, 'updated_at_ms', now_ms)
 end
+
+-- settle_pairs(position, feed, group, now_ms, first, reply)
+--   settles the entries named by ARGV[first], ARGV[first + 1] ... as pairs of entry id
+--   and counter, appending "settled" (or "duplicate" when no longer pending) and 0 to
+--   ``reply`` for each.
+local function settle_pairs(position, feed, group, now_ms, first, reply)
+  for j = first, #ARGV, 2 do
+    local entry_id, counter = ARGV[j], ARGV[j + 1]
+    if is_pending(feed, group, entry_id) then
+      advance(position, entry_id, counter, now_ms)
+      redis.call('XACK', feed, group, entry_id)
+      reply[#reply + 1] = 'settled'
+    else
+      reply[#reply + 1] = 'duplicate'
+    end
+    reply[#reply + 1] = 0
+  end
+  return reply
+end

@@ -1,9 +1,11 @@
--- receipts_put.lua: settle one batch of a shard's feed entries for the receipt projection.
+-- receipts_put.lua: materialize receipts and settle a batch of one shard's feed entries.
 --
--- The same rules as receipt_put.lua and settle.lua, for many entries in one step: each
--- receipt is written only above its stored version and gets its record's expiry when
--- created; every entry is counted, moves the position and is acknowledged exactly once
--- (an entry no longer pending is answered "duplicate" and changes nothing).
+-- All in one atomic step: a receipt is written only above its stored version, so a
+-- duplicate, replayed or out-of-order delivery never regresses it, and gets its record's
+-- absolute expiry when created; every entry is counted, moves the position and is
+-- acknowledged exactly once
+-- (an entry no longer pending is answered "duplicate" and changes nothing); an empty
+-- entry id writes the receipt alone (a rebuild from the records settles no entry).
 --
 -- KEYS[1] position hash    KEYS[2] shard feed
 -- KEYS[2 + 2i - 1] receipt hash of receipt i    KEYS[2 + 2i] its record hash
@@ -12,8 +14,10 @@
 -- ARGV[4 + 3n] ..          then pairs: entry id, counter ("stale" | "expired") of
 --                          entries settled without output
 --
--- Reply: for each receipt, its outcome and version (as receipt_put.lua answers), then
---        for each settled entry its outcome ("settled" or "duplicate") and 0.
+-- Reply: for each receipt its outcome and version: "applied" (the receipt holds this
+--        version), "stale" (the stored receipt is as new or newer; its version),
+--        "expired" (the record is gone) or "duplicate" (already settled; nothing
+--        changed); then for each settled entry "settled" or "duplicate" and 0.
 -- @position-helpers
 
 local position, feed = KEYS[1], KEYS[2]
@@ -25,7 +29,8 @@ for i = 1, n do
   local base = 4 + 3 * (i - 1)
   local entry_id, version, body = ARGV[base], tonumber(ARGV[base + 1]), ARGV[base + 2]
   local outcome, reply_version = 'applied', version
-  if not is_pending(feed, group, entry_id) then
+  local settles = entry_id ~= ''
+  if settles and not is_pending(feed, group, entry_id) then
     outcome, reply_version = 'duplicate', 0
   else
     local expires_at_ms = redis.call('HGET', record, 'expires_at_ms')
@@ -40,22 +45,13 @@ for i = 1, n do
         if not stored then redis.call('PEXPIREAT', receipt, expires_at_ms) end
       end
     end
-    advance(position, entry_id, outcome, now_ms)
-    redis.call('XACK', feed, group, entry_id)
+    if settles then
+      advance(position, entry_id, outcome, now_ms)
+      redis.call('XACK', feed, group, entry_id)
+    end
   end
   reply[#reply + 1] = outcome
   reply[#reply + 1] = reply_version
 end
 
-for j = 4 + 3 * n, #ARGV, 2 do
-  local entry_id, counter = ARGV[j], ARGV[j + 1]
-  if is_pending(feed, group, entry_id) then
-    advance(position, entry_id, counter, now_ms)
-    redis.call('XACK', feed, group, entry_id)
-    reply[#reply + 1] = 'settled'
-  else
-    reply[#reply + 1] = 'duplicate'
-  end
-  reply[#reply + 1] = 0
-end
-return reply
+return settle_pairs(position, feed, group, now_ms, 4 + 3 * n, reply)

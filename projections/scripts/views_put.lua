@@ -73,15 +73,4 @@ for i = 1, n do
   reply[#reply + 1] = reply_version
 end
 
-for j = 4 + 8 * n, #ARGV, 2 do
-  local entry_id, counter = ARGV[j], ARGV[j + 1]
-  if is_pending(feed, group, entry_id) then
-    advance(position, entry_id, counter, now_ms)
-    redis.call('XACK', feed, group, entry_id)
-    reply[#reply + 1] = 'settled'
-  else
-    reply[#reply + 1] = 'duplicate'
-  end
-  reply[#reply + 1] = 0
-end
-return reply
+return settle_pairs(position, feed, group, now_ms, 4 + 8 * n, reply)
