@@ -8,7 +8,6 @@ touches a payload other than the bounded result, and none changes an expiry.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Final
 
 import msgspec
@@ -67,29 +66,12 @@ async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapsho
         StoreUnavailable: Redis failed or timed out.
 
     """
-    return (await read_snapshots(store, [(run_id, tool_call_id)]))[0]
-
-
-async def read_snapshots(store: Store, invocations: Sequence[tuple[str, str]]) -> list[Snapshot]:
-    """Read the snapshots of ``(run_id, tool_call_id)`` pairs in one MULTI/EXEC.
-
-    All the runs must live in one shard (one hash slot on a cluster).
-
-    Raises:
-        StoreUnavailable: Redis failed or timed out.
-
-    """
     keys = store.keys
     async with redis_errors(), store.client.pipeline(transaction=True) as pipe:
-        for run_id, tool_call_id in invocations:
-            pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
-            pipe.xrange(keys.stream(run_id, tool_call_id))
-        replies = await pipe.execute()
-    observed = now_ms()
-    return [
-        snapshot_of(replies[index], replies[index + 1], observed)
-        for index in range(0, len(replies), 2)
-    ]
+        pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
+        pipe.xrange(keys.stream(run_id, tool_call_id))
+        values, entries = await pipe.execute()
+    return snapshot_of(values, entries, now_ms())
 
 
 def snapshot_of(values: list[bytes | None], entries: list[Any], observed_at_ms: int) -> Snapshot:
