@@ -52,7 +52,7 @@ def parse_entry_id(entry_id: str) -> tuple[int, int]:
     return int(ms), int(seq or 0)
 
 
-async def _groups(store: Store, feed: str) -> list[dict[str, Any]]:
+async def feed_groups(store: Store, feed: str) -> list[dict[str, Any]]:
     """XINFO GROUPS of a feed ([] when the feed does not exist yet)."""
     try:
         return await store.client.xinfo_groups(feed)
@@ -70,7 +70,7 @@ async def shard_lag(store: Store, shard: int, projection: str) -> ShardLag:
 
     """
     feed = store.keys.feed(shard)
-    groups = await _groups(store, feed)
+    groups = await feed_groups(store, feed)
     info = next((g for g in groups if _text(g["name"]) == projection), None)
     if info is None:
         async with redis_errors():
@@ -123,7 +123,7 @@ async def trim_feeds(store: Store, *, keep_ms: int | None = None) -> int:
     for shard in range(store.keys.shards):
         feed = store.keys.feed(shard)
         watermark = (max(0, now_ms() - keep), 0)
-        for info in await _groups(store, feed):
+        for info in await feed_groups(store, feed):
             name = _text(info["name"])
             if int(info["pending"]):
                 async with redis_errors():

@@ -32,10 +32,9 @@ import secrets
 import time
 from collections import Counter
 from collections.abc import Callable
-from typing import Any, Final, cast
+from typing import Final, cast
 
 import msgspec
-import redis.exceptions
 import structlog
 from redis.asyncio import Redis
 
@@ -45,6 +44,7 @@ from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import is_safe_id
 from projections.generations import REBUILD_FIELD, current_generation, group_name
+from projections.lag import feed_groups
 from projections.progress import ProgressProjection
 from projections.receipt_worker import ReceiptProjection
 from projections.runtime import Worker, default_consumer
@@ -220,13 +220,7 @@ class Rebuild:
             await self.store.client.xgroup_create(feed, group, id="$", mkstream=True)
 
     async def _has_group(self, feed: str, group: str) -> bool:
-        return any(_text(info["name"]) == group for info in await self._groups(feed))
-
-    async def _groups(self, feed: str) -> list[dict[str, Any]]:
-        try:
-            return await self.store.client.xinfo_groups(feed)
-        except redis.exceptions.ResponseError:  # no feed yet
-            return []
+        return any(_text(info["name"]) == group for info in await feed_groups(self.store, feed))
 
     async def _project_records(
         self, target: ReceiptProjection | ProgressProjection
