@@ -29,7 +29,6 @@ not compared (there is no trustworthy state to compare it with).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping, Sequence
 from typing import Final
 
@@ -48,10 +47,17 @@ PAYLOAD_FIELDS: Final = {
 }
 #: Record fields the events cannot vouch for (set by the store at creation).
 _UNCHECKED: Final = frozenset({"expires_at_ms"})
-_EVENT_ID_FIELD: Final = re.compile(r"e[1-9][0-9]*")
 
 
-def _normalized(record_fields: Mapping[bytes, bytes] | Mapping[str, str]) -> dict[str, bytes]:
+def _is_event_id_field(name: str) -> bool:
+    """Tell whether ``name`` is ``e1``, ``e2``, ... (``e`` and a number without a leading 0)."""
+    digits = name[1:]
+    return name[:1] == "e" and digits[:1] != "0" and digits.isascii() and digits.isdigit()
+
+
+def _normalized(
+    record_fields: Mapping[bytes, bytes] | Mapping[str, str] | Mapping[str, bytes],
+) -> dict[str, bytes]:
     normalized: dict[str, bytes] = {}
     for name, value in record_fields.items():
         key = name.decode("utf-8", "replace") if isinstance(name, bytes) else name
@@ -86,10 +92,12 @@ def _refold(stored_events: Sequence[StoredEvent]) -> tuple[list[str], Invocation
             if folding:
                 # The broken link is reported above; relinking lets the fold go on judging
                 # the transitions and the record instead of stopping at the first gap.
-                linked = msgspec.structs.replace(
-                    event,
-                    version=state.version + 1 if state else 1,
-                    prev_hash=state.last_hash if state else GENESIS_HASH,
+                version = state.version + 1 if state else 1
+                last_hash = state.last_hash if state else GENESIS_HASH
+                linked = (
+                    event
+                    if (event.version, event.prev_hash) == (version, last_hash)
+                    else msgspec.structs.replace(event, version=version, prev_hash=last_hash)
                 )
                 try:
                     state = fold(state, linked, computed)
@@ -101,7 +109,7 @@ def _refold(stored_events: Sequence[StoredEvent]) -> tuple[list[str], Invocation
 
 
 def _compare_record(
-    record: dict[str, bytes], state: InvocationState, stored_events: Sequence[StoredEvent]
+    record: Mapping[str, bytes], state: InvocationState, stored_events: Sequence[StoredEvent]
 ) -> list[str]:
     expected = _as_record(state)
     expected["invocation_id"] = invocation_id(state.run_id, state.tool_call_id).encode()
@@ -110,7 +118,7 @@ def _compare_record(
             expected[f"e{position}"] = stored.event.event_id.encode()
     names = [*InvocationState.__struct_fields__, "invocation_id"]
     names += sorted(
-        {name for name in (*record, *expected) if _EVENT_ID_FIELD.fullmatch(name)},
+        {name for name in (*record, *expected) if _is_event_id_field(name)},
         key=lambda name: int(name[1:]),
     )
     known = set(names) | set(PAYLOAD_FIELDS) | _UNCHECKED
@@ -129,13 +137,14 @@ def _compare_record(
 
 
 def verify_against_events(
-    record_fields: Mapping[bytes, bytes] | Mapping[str, str],
+    record_fields: Mapping[bytes, bytes] | Mapping[str, str] | Mapping[str, bytes],
     stored_events: Sequence[StoredEvent],
 ) -> list[str]:
     """Re-fold an invocation's stored events and list where the record disagrees.
 
     Args:
-        record_fields: the record hash as HGETALL returns it ({} when absent).
+        record_fields: the record hash as HGETALL returns it ({} when absent), or its
+            fields with names decoded.
         stored_events: the invocation's stream in order (:meth:`Reader.events`); read it
             in the same MULTI as the record, or with no writer active, to audit one instant.
 
@@ -144,7 +153,11 @@ def verify_against_events(
         empty when the record is exactly what its events fold to.
 
     """
-    record = _normalized(record_fields)
+    return verify_fields(_normalized(record_fields), stored_events)
+
+
+def verify_fields(record: Mapping[str, bytes], stored_events: Sequence[StoredEvent]) -> list[str]:
+    """:func:`verify_against_events` for a record whose field names are already text."""
     if not stored_events:
         return ["record_without_stream"] if record else []
     if not record:

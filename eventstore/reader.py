@@ -6,6 +6,7 @@ refresh an expiry, so reading a record never changes when it expires.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import cast
 
 import msgspec
@@ -15,6 +16,9 @@ from eventstore.errors import CanonError, redis_errors
 from eventstore.keys import Keys
 from machine.events import Event, decode_event, event_hash
 from machine.fold import InvocationState, state_from_record
+
+#: Event hashes by event bytes: a stream is hashed when read back and again when audited.
+_hash_of = lru_cache(maxsize=4096)(event_hash)
 
 
 class CorruptRecord(CanonError):
@@ -59,7 +63,7 @@ class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
     @property
     def computed_hash(self) -> str:
         """Hash recomputed from the stored bytes."""
-        return event_hash(self.data)
+        return _hash_of(self.data)
 
 
 def _str_fields(raw: dict[bytes, bytes]) -> dict[str, str]:
@@ -105,7 +109,7 @@ def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Store
             StoredEvent(
                 entry_id=entry_id.decode(),
                 data=data,
-                stored_hash=event_hash(data)
+                stored_hash=_hash_of(data)
                 if stored_hash is None
                 else stored_hash.decode("utf-8", "replace"),
                 event=event,

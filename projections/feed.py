@@ -62,15 +62,14 @@ class FeedEntry(msgspec.Struct, frozen=True, kw_only=True):
 
         """
         try:
-            text = {k.decode(): v.decode() for k, v in fields.items()}
             entry = cls(
                 shard=shard,
                 entry_id=entry_id,
-                run_id=text["r"],
-                tool_call_id=text["c"],
-                version=int(text["v"]),
-                event_type=text["t"],
-                status=Status(text["s"]),
+                run_id=fields[b"r"].decode(),
+                tool_call_id=fields[b"c"].decode(),
+                version=int(fields[b"v"]),
+                event_type=fields[b"t"].decode(),
+                status=Status(fields[b"s"].decode()),
             )
         except (KeyError, ValueError, UnicodeDecodeError):
             raise MalformedEntry("feed entry has missing or invalid fields") from None

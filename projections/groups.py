@@ -7,10 +7,12 @@ the worker decides whether to create it again or to leave it (a rebuild retired 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any, cast
 
 import redis.exceptions
 from redis.asyncio import ConnectionPool, Redis
+from redis.typing import KeyT, StreamIdT
 
 from eventstore.errors import StoreUnavailable, redis_errors
 from eventstore.store import Store
@@ -55,19 +57,45 @@ async def read_group(
         StoreUnavailable: Redis failed or timed out.
 
     """
+    read = await read_groups(client, {feed: start}, group, consumer, count=count, block_ms=block_ms)
+    return read.get(feed, [])
+
+
+async def read_groups(
+    client: Redis,
+    starts: Mapping[str, str],
+    group: str,
+    consumer: str,
+    *,
+    count: int,
+    block_ms: int | None,
+) -> dict[str, list[Entry]]:
+    """One XREADGROUP on several feeds of one server (or of one cluster slot).
+
+    ``starts`` maps each feed to where to read from, as in :func:`read_group`; ``count``
+    bounds the entries of each feed. Returns the entries read, by feed (feeds with none
+    are left out).
+
+    Raises:
+        GroupMissing: one of the feeds has no such group.
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    streams: dict[KeyT, StreamIdT] = {feed: start for feed, start in starts.items()}
     try:
-        reply: Any = await client.xreadgroup(
-            group, consumer, {feed: start}, count=count, block=block_ms
-        )
+        reply: Any = await client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
     except redis.exceptions.ResponseError as exc:
         if "NOGROUP" in str(exc):
             raise GroupMissing() from None
         raise StoreUnavailable(type(exc).__name__) from None
     except (redis.exceptions.RedisError, OSError) as exc:
         raise StoreUnavailable(type(exc).__name__) from None
-    if not reply:
-        return []
-    return [(_text(entry_id), fields) for entry_id, fields in reply[0][1]]
+    by_feed = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3 or RESP2
+    return {
+        _text(feed): [(_text(entry_id), fields) for entry_id, fields in entries]
+        for feed, entries in by_feed
+        if entries
+    }
 
 
 async def claim_idle(

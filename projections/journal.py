@@ -1,7 +1,7 @@
 """The journal state of one invocation: what its event stream proves about its record.
 
 The journal is the invocation's event stream. It is audited with
-:func:`eventstore.audit.verify_against_events` (decoding, hash chain, lifecycle, and the
+:func:`eventstore.audit.verify_fields` (decoding, hash chain, lifecycle, and the
 record's fields against the fold). Receipts never read the request or the raw response,
 so the audit's payload-digest findings are left out here; the one payload a receipt
 shows, the bounded result, is checked on its own. Pure: no I/O.
@@ -15,7 +15,7 @@ from typing import Final
 
 import msgspec
 
-from eventstore.audit import verify_against_events
+from eventstore.audit import verify_fields
 from eventstore.reader import InvocationRecord, StoredEvent
 from machine.codes import Stage
 from machine.fold import InvocationState, state_from_record
@@ -24,6 +24,8 @@ from machine.lifecycle import TERMINAL
 #: A PROJECTING record unchanged for longer than this is reported ``uncertain``.
 DEFAULT_STALE_AFTER_MS: Final = 5 * 60 * 1000
 _PAYLOADS: Final = ("request", "raw")
+#: The record fields :func:`record_view` reads as text: the state and the expiry.
+_STATE_FIELDS: Final = (*InvocationState.__struct_fields__, "expires_at_ms")
 
 
 class JournalState(StrEnum):
@@ -97,11 +99,17 @@ def record_view(
             for name, value in record.items()
             if value is not None
         }
-    for name in _PAYLOADS:
-        fields.pop(name, None)
+    return view_of_fields(fields)
+
+
+def view_of_fields(record: Mapping[str, bytes]) -> RecordView | None:
+    """:func:`record_view` of fields whose names are text and values bytes (a snapshot's)."""
+    fields = {name: value for name, value in record.items() if name not in _PAYLOADS}
     if not fields:
         return None
-    text = {name: value.decode("utf-8", "replace") for name, value in fields.items()}
+    text = {
+        name: fields[name].decode("utf-8", "replace") for name in _STATE_FIELDS if name in fields
+    }
     try:
         state: InvocationState | None = state_from_record(text)
     except (msgspec.ValidationError, ValueError):
@@ -137,9 +145,7 @@ def journal_state(
         return JournalState.UNKNOWN
     if record is None or record.state is None:
         return JournalState.EVIDENCE_DEGRADED
-    problems = verify_against_events(
-        {name.encode(): value for name, value in record.fields.items()}, events
-    )
+    problems = verify_fields(record.fields, events)
     if any(not problem.startswith("payload_digest_mismatch:") for problem in problems):
         return JournalState.EVIDENCE_DEGRADED
     state = record.state

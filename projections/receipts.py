@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
 from enum import StrEnum
+from functools import lru_cache
 from typing import Any, Final
 
 import msgspec
@@ -98,10 +99,15 @@ def decode_receipt(data: bytes) -> Receipt:
     return _decoder.decode(data)
 
 
+@lru_cache(maxsize=1024)
+def _iso_second(epoch_s: int) -> str:
+    # Receipts built together mostly share their second; formatting one costs more.
+    return f"{datetime.fromtimestamp(epoch_s, UTC):%Y-%m-%dT%H:%M:%S}"
+
+
 def iso_ms(epoch_ms: int) -> str:
     """Format milliseconds since the epoch as ISO-8601 UTC with milliseconds and ``Z``."""
-    moment = datetime.fromtimestamp(epoch_ms // 1000, UTC)
-    return f"{moment:%Y-%m-%dT%H:%M:%S}.{epoch_ms % 1000:03d}Z"
+    return f"{_iso_second(epoch_ms // 1000)}.{epoch_ms % 1000:03d}Z"
 
 
 def _coordinates(view: RecordView | None, events: Sequence[StoredEvent]) -> tuple[str, str, str]:
@@ -168,7 +174,11 @@ def _completed_result(
 
 
 def build_receipt(
-    record: Mapping[str, str | bytes] | Mapping[bytes, bytes] | InvocationRecord | None,
+    record: Mapping[str, str | bytes]
+    | Mapping[bytes, bytes]
+    | InvocationRecord
+    | RecordView
+    | None,
     events: Sequence[StoredEvent],
     *,
     observed_at_ms: int,
@@ -179,7 +189,8 @@ def build_receipt(
 
     Args:
         record: the record's hash fields (HGETALL/HMGET output, bytes or text), an
-            :class:`InvocationRecord`, or None when the record is absent.
+            :class:`InvocationRecord`, its :class:`RecordView`, or None when the record
+            is absent.
         events: the invocation's stream as read back (possibly empty).
         observed_at_ms: when the record and stream were read.
         stale_after_ms: a non-terminal journal unchanged for longer is ``uncertain``.
@@ -189,7 +200,7 @@ def build_receipt(
         ValueError: neither the record nor the journal identifies an invocation.
 
     """
-    view = record_view(record, events)
+    view = record if isinstance(record, RecordView) else record_view(record, events)
     run_id, tool_call_id, tool = _coordinates(view, events)
     journal = journal_state(
         view, events, observed_at_ms=observed_at_ms, stale_after_ms=stale_after_ms

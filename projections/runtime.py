@@ -34,6 +34,7 @@ from projections.groups import (
     deliveries,
     ensure_group,
     read_group,
+    read_groups,
     retire_consumer,
 )
 from projections.handling import EntryHandler, wait_for
@@ -179,11 +180,12 @@ class Worker:
             except* StoreUnavailable as failures:
                 raise failures.exceptions[0] from None
             return
-        client, block_ms = blocking_client(self.store, self.block_ms, len(self.shards) + 1)
+        lanes = self._lanes()
+        client, block_ms = blocking_client(self.store, self.block_ms, len(lanes) + 1)
         try:
             async with asyncio.TaskGroup() as group:
-                for shard in self.shards:
-                    group.create_task(self._follow_shard(shard, client, block_ms))
+                for lane in lanes:
+                    group.create_task(self._follow_lane(lane, client, block_ms))
                 if self.metrics is not None:
                     group.create_task(self._report_lag())
                 group.create_task(self._trim_periodically())
@@ -245,24 +247,69 @@ class Worker:
             if claimed == 0 and read == 0:
                 return
 
-    async def _follow_shard(self, shard: int, client: Redis, block_ms: int) -> None:
+    def _lanes(self) -> list[tuple[int, ...]]:
+        """The shards each blocking read covers: all of them on one server.
+
+        One XREADGROUP over every feed wakes the worker once for whatever arrived on any
+        shard, and the batches read together share their script round trips. On a
+        cluster one command cannot span the feeds' slots, so each shard is read alone.
+        """
+        if self.store.cluster is not None:
+            return [(shard,) for shard in self.shards]
+        return [self.shards] if self.shards else []
+
+    async def _follow_lane(self, lane: tuple[int, ...], client: Redis, block_ms: int) -> None:
         loop = asyncio.get_running_loop()
-        drained = False
+        drained: set[int] = set()
         next_claim = 0.0
         while not self._leave.is_set():
             try:
-                if not drained:
-                    await self._drain_own(shard)
-                    drained = True
+                for shard in lane:
+                    if shard not in drained:
+                        await self._drain_own(shard)
+                        drained.add(shard)
                 if loop.time() >= next_claim:
-                    await self._reclaim(shard)
+                    for shard in lane:
+                        await self._reclaim(shard)
                     next_claim = loop.time() + max(self.min_idle_ms, 100) / 2000
-                await self._read_new(shard, client, block_ms=block_ms)
+                await self._read_lane(lane, client, block_ms=block_ms)
             except StoreUnavailable as exc:
                 log.warning(
-                    "worker_read_failed", projection=self.name, shard=shard, error=exc.args[0]
+                    "worker_read_failed",
+                    projection=self.name,
+                    shards=len(lane),
+                    error=exc.args[0],
                 )
                 await self._pause(_RETRY_PAUSE_S)
+
+    async def _read_lane(self, lane: tuple[int, ...], client: Redis, *, block_ms: int) -> None:
+        """Read new entries of the lane's feeds with one XREADGROUP and settle them."""
+        if len(lane) == 1:
+            await self._read_new(lane[0], client, block_ms=block_ms)
+            return
+        feeds = {self.store.keys.feed(shard): shard for shard in lane}
+        try:
+            read = await read_groups(
+                client,
+                dict.fromkeys(feeds, ">"),
+                self.name,
+                self.consumer,
+                count=self.batch,
+                block_ms=block_ms,
+            )
+        except GroupMissing:
+            for shard in lane:
+                if not self._leave.is_set():
+                    await self._group_missing(shard)
+            return
+        outcomes = await asyncio.gather(
+            *(self.handler.handle_all(feeds[feed], entries, {}) for feed, entries in read.items()),
+            return_exceptions=True,
+        )
+        # Every shard's batch is finished before a failure is reported.
+        for outcome in outcomes:
+            if isinstance(outcome, BaseException):
+                raise outcome
 
     async def _pause(self, seconds: float) -> None:
         try:

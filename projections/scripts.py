@@ -14,6 +14,7 @@ from typing import Any, Final, cast
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
 
+from eventstore.batching import ScriptBatcher
 from eventstore.errors import redis_errors
 
 _MARKER: Final = "-- @position-helpers"
@@ -34,29 +35,34 @@ def _text(value: object) -> str:
 
 
 class ProjectionScripts:
-    """The projection scripts registered on one client."""
+    """The projection scripts registered on one client.
+
+    Calls go through a :class:`ScriptBatcher`: the shard loops of a worker that call in
+    the same event-loop turn share a round trip, and hiredis packs the arguments in C.
+    Every script here is safe to send again (reads, or writes that settle an entry only
+    while it is pending), as the batcher requires.
+    """
 
     def __init__(self, client: Redis) -> None:
+        self._batcher = ScriptBatcher(client)
         self._receipts_put: AsyncScript = client.register_script(script_source("receipts_put"))
         self._read_snapshots: AsyncScript = client.register_script(script_source("read_snapshots"))
         self._views_put: AsyncScript = client.register_script(script_source("views_put"))
         self._settle: AsyncScript = client.register_script(script_source("settle"))
         self._dead_letter: AsyncScript = client.register_script(script_source("dead_letter"))
 
-    @staticmethod
     async def _call(
-        script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | bytes]
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | bytes]
     ) -> tuple[str, str]:
         async with redis_errors():
-            reply = await script(keys=list(keys), args=list(args))
+            reply = await self._batcher.call(script, keys, args)
         return _text(reply[0]), _text(reply[1])
 
-    @staticmethod
     async def _call_batch(
-        script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | bytes]
+        self, script: AsyncScript, keys: Sequence[str], args: Sequence[str | int | bytes]
     ) -> list[tuple[str, str]]:
         async with redis_errors():
-            reply = await script(keys=list(keys), args=list(args))
+            reply = await self._batcher.call(script, keys, args)
         return [(_text(reply[i]), _text(reply[i + 1])) for i in range(0, len(reply), 2)]
 
     async def receipts_put(
@@ -74,7 +80,7 @@ class ProjectionScripts:
     async def read_snapshots(self, keys: Sequence[str], fields: Sequence[str]) -> list[Any]:
         """Run ``read_snapshots.lua``; keys are record, stream pairs (see its header)."""
         async with redis_errors():
-            return cast(list[Any], await self._read_snapshots(keys=list(keys), args=list(fields)))
+            return cast(list[Any], await self._batcher.call(self._read_snapshots, keys, fields))
 
     async def settle(
         self, keys: Sequence[str], *, group: str, entry_id: str, counter: str, now: int

@@ -18,6 +18,7 @@ from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.events import EVENT_TYPES
 from machine.fold import InvocationState
+from projections.journal import view_of_fields
 from projections.receipts import Receipt, build_receipt
 
 #: Record fields a receipt may read: the lifecycle state, ids, expiry, the bounded result
@@ -101,7 +102,7 @@ def receipt_of(store: Store, snapshot: Snapshot) -> Receipt:
 
     """
     return build_receipt(
-        snapshot.fields or None,
+        view_of_fields(snapshot.fields),
         snapshot.events,
         observed_at_ms=snapshot.observed_at_ms,
         result_limit_bytes=store.limits.result_bytes,

@@ -1,0 +1,99 @@
+"""How a worker reads the shard feeds of one server: one blocking read covers them all."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from redis.asyncio import Redis
+
+from eventstore.keys import shard_of
+from eventstore.store import Store
+from eventstore.writer import Head
+from machine.codes import EvidenceStatus
+from projections import ReceiptWorker
+from projections.groups import GroupMissing, ensure_group, read_groups
+
+SHARDS = 8
+
+
+async def blocked_readers(redis: Redis) -> int:
+    """Clients of the server blocked in XREADGROUP right now."""
+    clients = await redis.client_list()
+    return sum(1 for c in clients if c["cmd"] == "xreadgroup" and "b" in c["flags"])
+
+
+async def wait_until_blocked(redis: Redis, timeout_s: float = 5.0) -> None:
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    while await blocked_readers(redis) == 0:
+        assert loop.time() < deadline, "the worker never blocked on its feeds"
+        await asyncio.sleep(0.01)
+
+
+def runs_on_every_shard() -> list[str]:
+    """One run id per shard."""
+    by_shard: dict[int, str] = {}
+    number = 0
+    while len(by_shard) < SHARDS:
+        by_shard.setdefault(shard_of(f"run-{number}", SHARDS), f"run-{number}")
+        number += 1
+    return list(by_shard.values())
+
+
+async def finished(store: Store, run_id: str, call: str) -> Head:
+    head = await store.writer.create(run_id, call, "search", b'{"q":1}')
+    head = await store.writer.start_projecting(head, b'{"raw":1}')
+    return await store.writer.complete(head, b'{"a":1}', EvidenceStatus.EVIDENCE_FOUND, "s")
+
+
+async def test_one_blocking_read_covers_every_shard_feed(make_store: Any, redis: Redis) -> None:
+    """A following worker waits on all its feeds with one XREADGROUP and serves each shard."""
+    store: Store = make_store(shards=SHARDS)
+    runs = runs_on_every_shard()
+    for run_id in runs:
+        await store.open_run(run_id, deadline=timedelta(minutes=5))
+    worker = ReceiptWorker(store, consumer="one-reader", block_ms=200)
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until_blocked(redis)
+        assert await blocked_readers(redis) == 1
+        heads = [await finished(store, run_id, "c1") for run_id in runs]
+        for head in heads:
+            assert await worker.wait_for(head, timeout_s=5)
+        await wait_until_blocked(redis)
+        assert await blocked_readers(redis) == 1
+    finally:
+        worker.stop()
+        await task
+    assert worker.counters["applied"] + worker.counters["stale"] == 3 * SHARDS
+
+
+async def test_read_groups_answers_by_feed_and_only_feeds_with_entries(
+    make_store: Any, redis: Redis
+) -> None:
+    """Entries come back under their own feed; a feed with nothing new is left out."""
+    store: Store = make_store(shards=SHARDS)
+    feeds = [store.keys.feed(shard) for shard in range(3)]
+    for feed in feeds:
+        await ensure_group(redis, feed, "g")
+    first = (await redis.xadd(feeds[0], {"n": "1"})).decode()
+    third = (await redis.xadd(feeds[2], {"n": "3"})).decode()
+
+    read = await read_groups(redis, dict.fromkeys(feeds, ">"), "g", "c", count=10, block_ms=None)
+
+    assert read == {feeds[0]: [(first, {b"n": b"1"})], feeds[2]: [(third, {b"n": b"3"})]}
+    again = await read_groups(redis, dict.fromkeys(feeds, ">"), "g", "c", count=10, block_ms=None)
+    assert again == {}
+
+
+async def test_read_groups_reports_a_missing_group(make_store: Any, redis: Redis) -> None:
+    """One feed without the group makes the whole read raise GroupMissing."""
+    store: Store = make_store(shards=SHARDS)
+    feeds = [store.keys.feed(shard) for shard in range(2)]
+    await ensure_group(redis, feeds[0], "g")
+    await redis.xadd(feeds[1], {"n": "1"})
+    with pytest.raises(GroupMissing):
+        await read_groups(redis, dict.fromkeys(feeds, ">"), "g", "c", count=10, block_ms=None)
