@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import logging
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -60,6 +61,90 @@ def encode_raw(value: Any) -> bytes:
     return _encoder.encode(value)
 
 
+class _Trace:
+    """One call's decisions so far and the logger that reports them: ids, never payloads.
+
+    Decisions are logged as they are taken: ``invocation_refused`` (INFO) when a call is
+    turned away before any record exists, ``event_committed`` (DEBUG) for each lifecycle
+    event written, and one ``invocation_finished`` per call, INFO unless a call that got
+    past its refusals ended in ERROR (WARNING).
+    """
+
+    __slots__ = (
+        "debug",
+        "event_type",
+        "invocation_id",
+        "logger",
+        "refused",
+        "run_id",
+        "tool_call_id",
+        "version",
+    )
+
+    def __init__(self, ctx: RunContext, envelope: ToolEnvelope) -> None:
+        # One concrete logger per call: the lazy proxy would rebuild one per line.
+        self.logger: Any = log.bind()
+        is_enabled_for = getattr(self.logger, "is_enabled_for", None)
+        # The benchmark logs at INFO with little margin: with DEBUG off, no per-event
+        # line is even built.
+        self.debug: bool = is_enabled_for is None or bool(is_enabled_for(logging.DEBUG))
+        # Unsafe ids are never logged: they may carry anything the agent sent.
+        self.run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
+        self.tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
+        self.invocation_id = (
+            invocation_id(self.run_id, self.tool_call_id)
+            if self.run_id and self.tool_call_id
+            else None
+        )
+        self.version = 0
+        self.event_type: str | None = None
+        self.refused = False
+
+    def refuse(self, code: ErrorCode, stage: str) -> ToolError:
+        """Log a refusal at ``stage`` (nothing was written, so no version) and return it."""
+        self.refused = True
+        self.logger.info(
+            "invocation_refused",
+            run_id=self.run_id,
+            tool_call_id=self.tool_call_id,
+            invocation_id=self.invocation_id,
+            stage=stage,
+            error_code=code.value,
+        )
+        return ToolError.of(code)
+
+    def commit(self, event_type: str, head: Head, code: ErrorCode | None = None) -> Head:
+        """Note that ``event_type`` was written at ``head.version``; log it at DEBUG."""
+        self.version, self.event_type = head.version, event_type
+        if self.debug:
+            self.logger.debug(
+                "event_committed",
+                run_id=self.run_id,
+                tool_call_id=self.tool_call_id,
+                invocation_id=self.invocation_id,
+                event_type=event_type,
+                version=head.version,
+                error_code=code.value if code is not None else None,
+            )
+        return head
+
+    def finish(self, reply: AgentReply, tool: str | None, started: float) -> None:
+        """Log the call's outcome, its last lifecycle event and its duration."""
+        failed = isinstance(reply, ToolError)
+        (self.logger.warning if failed and not self.refused else self.logger.info)(
+            "invocation_finished",
+            run_id=self.run_id,
+            tool_call_id=self.tool_call_id,
+            invocation_id=self.invocation_id,
+            tool=tool,
+            status="ERROR" if failed else "READY",
+            error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
+            event_type=self.event_type,
+            version=self.version,
+            duration_ms=round((time.perf_counter() - started) * 1000, 3),
+        )
+
+
 async def _call(fn: Callable[..., Any], *args: Any, thread: bool) -> Any:
     if not inspect.iscoroutinefunction(fn) and thread:
         result = await asyncio.to_thread(fn, *args)
@@ -100,24 +185,13 @@ class ToolBoundary:
         propagates.
         """
         started = time.perf_counter()
+        trace = _Trace(ctx, envelope)
         try:
-            reply, version = await self._invoke(ctx, envelope)
+            reply = await self._invoke(ctx, envelope, trace)
         except Exception as exc:  # a bug of ours must still not reach the agent
-            log.error("invocation_crashed", error_type=type(exc).__name__)
-            reply, version = ToolError.of(ErrorCode.STORE_UNAVAILABLE), 0
-        run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
-        tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
-        log.info(
-            "invocation_finished",
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            invocation_id=invocation_id(run_id, tool_call_id) if run_id and tool_call_id else None,
-            tool=envelope.tool if self._spec_of(envelope) is not None else None,
-            status="READY" if isinstance(reply, ToolResult) else "ERROR",
-            error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
-            version=version,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
+            trace.logger.error("invocation_crashed", error_type=type(exc).__name__)
+            reply = ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+        trace.finish(reply, envelope.tool if self._spec_of(envelope) is not None else None, started)
         return reply
 
     def _spec_of(self, envelope: ToolEnvelope) -> ToolSpec | None:
@@ -159,20 +233,34 @@ class ToolBoundary:
         except TimeoutError:
             raise StoreUnavailable("TimeoutError") from None
 
-    async def _invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[AgentReply, int]:
+    async def _commit(
+        self,
+        trace: _Trace,
+        event_type: str,
+        operation: Awaitable[Head],
+        code: ErrorCode | None = None,
+    ) -> Head:
+        """Write one lifecycle event within the store timeout and note it in ``trace``."""
+        return trace.commit(event_type, await self._store_op(operation), code)
+
+    async def _invoke(self, ctx: RunContext, envelope: ToolEnvelope, trace: _Trace) -> AgentReply:
         try:
             spec, request = self._preflight(ctx, envelope)
         except _Stop as stop:
-            return ToolError.of(stop.code), 0
+            return trace.refuse(stop.code, "preflight")
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
         try:
-            head = await self._store_op(
-                self._store.writer.create(run_id, tool_call_id, envelope.tool, request)
+            head = await self._commit(
+                trace,
+                "Preflighted",
+                self._store.writer.create(run_id, tool_call_id, envelope.tool, request),
             )
         except Refused as refused:
-            return ToolError.of(refused.error_code or ErrorCode.STORE_UNAVAILABLE), 0
+            if refused.error_code is None:
+                return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+            return trace.refuse(refused.error_code, "create")
         except StoreUnavailable:
-            return ToolError.of(ErrorCode.STORE_UNAVAILABLE), 0
+            return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
         call = ToolCall(
             run_id=run_id,
             tool_call_id=tool_call_id,
@@ -180,15 +268,15 @@ class ToolBoundary:
             tool=envelope.tool,
         )
         try:
-            return await self._execute(spec, call, request, head)
+            return await self._execute(spec, call, request, head, trace)
         except RecordExpired:
-            return ToolError.of(ErrorCode.RECORD_EXPIRED), head.version
+            return ToolError.of(ErrorCode.RECORD_EXPIRED)
         except (StoreUnavailable, Refused):
-            return ToolError.of(ErrorCode.STORE_UNAVAILABLE), head.version
+            return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
 
     async def _execute(
-        self, spec: ToolSpec, call: ToolCall, request: bytes, head: Head
-    ) -> tuple[AgentReply, int]:
+        self, spec: ToolSpec, call: ToolCall, request: bytes, head: Head, trace: _Trace
+    ) -> AgentReply:
         """Executor, raw storage, projector, result storage; failures end in ERROR."""
         limits = self._limits
         arguments = msgspec.json.decode(request)
@@ -204,7 +292,9 @@ class ToolBoundary:
                 raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
             if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
                 raise _Stop(ErrorCode.RESULT_TOO_LARGE, len(raw))
-            head = await self._store_op(self._store.writer.start_projecting(head, raw))
+            head = await self._commit(
+                trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
+            )
 
             projection = await self._project(spec, raw_value, call)
             evidence = EvidenceStatus(projection.evidence_status)
@@ -220,22 +310,24 @@ class ToolBoundary:
                 or total > limits.record_bytes
             ):
                 raise _Stop(ErrorCode.RESULT_TOO_LARGE, len(result))
-            head = await self._store_op(
-                self._store.writer.complete(head, result, evidence, projection.scope)
+            await self._commit(
+                trace,
+                "Completed",
+                self._store.writer.complete(head, result, evidence, projection.scope),
             )
         except _Stop as stop:
-            head = await self._store_op(
-                self._store.writer.fail(head, stop.code, stop.rejected_bytes)
+            await self._commit(
+                trace,
+                "Failed",
+                self._store.writer.fail(head, stop.code, stop.rejected_bytes),
+                stop.code,
             )
-            return ToolError.of(stop.code), head.version
-        return (
-            ToolResult(
-                result=projection.result,
-                evidence_status=evidence,
-                scope=projection.scope,
-                invocation_id=call.invocation_id,
-            ),
-            head.version,
+            return ToolError.of(stop.code)
+        return ToolResult(
+            result=projection.result,
+            evidence_status=evidence,
+            scope=projection.scope,
+            invocation_id=call.invocation_id,
         )
 
     async def _project(self, spec: ToolSpec, raw_value: Any, call: ToolCall) -> Projection:

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+import logging
+from collections.abc import AsyncIterator, Callable, Iterator
 from datetime import timedelta
 from typing import Any
 
 import msgspec
 import pytest
+import structlog
 from structlog.testing import capture_logs
 
 from eventstore import Limits, Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope
@@ -61,6 +63,11 @@ def assert_clean(
 def finished(logs: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """The ``invocation_finished`` entries, in order."""
     return [entry for entry in logs if entry["event"] == "invocation_finished"]
+
+
+def named(logs: list[dict[str, Any]], event: str) -> list[dict[str, Any]]:
+    """The entries called ``event``, in order."""
+    return [entry for entry in logs if entry["event"] == event]
 
 
 def secret_call(call_id: str, tool: str = TOOL, **overrides: Any) -> ToolEnvelope:
@@ -264,3 +271,150 @@ async def test_store_outage_logs_safely(
         text = repr(entry)
         for fragment in (address, "Connection refused", "Error 111", "redis.exceptions"):
             assert fragment not in text, entry
+
+
+@pytest.fixture
+def log_level() -> Iterator[Callable[[int], None]]:
+    """Sets the lowest level structlog lets through; the saved configuration comes back after."""
+    saved = structlog.get_config()
+
+    def set_level(level: int) -> None:
+        structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(level))
+
+    yield set_level
+    structlog.configure(**saved)
+
+
+IDS = ("run_id", "tool_call_id", "invocation_id")
+
+
+async def test_each_committed_lifecycle_event_is_logged_at_debug_with_its_version(
+    opened: tuple[Store, str], namespace: str, log_level: Callable[[int], None]
+):
+    """At DEBUG every event the boundary writes is logged with its name, version and ids; a
+    success ends in Completed at INFO, a tool or projector failure in Failed at WARNING."""
+    store, token = opened
+    log_level(logging.DEBUG)
+    tools = {
+        "ok": FakeTool(raw=RAW, project=projection()),
+        "throws": _FAILURES["throws"][0],
+        "projector_throws": _FAILURES["projector_throws"][0],
+    }
+    boundary = ToolBoundary(store, {name: tool.spec() for name, tool in tools.items()})
+    calls = [secret_call(f"call-{name}", name) for name in tools]
+
+    with capture_logs() as logs:
+        replies = [await boundary.invoke(RunContext(RUN), call) for call in calls]
+
+    assert [outcome(reply) for reply in replies] == [
+        "READY",
+        "EXECUTION_FAILED",
+        "PROJECTION_FAILED",
+    ]
+    committed = named(logs, "event_committed")
+    assert [
+        (e["tool_call_id"], e["event_type"], e["version"], e["error_code"]) for e in committed
+    ] == [
+        ("call-ok", "Preflighted", 1, None),
+        ("call-ok", "ProjectingStarted", 2, None),
+        ("call-ok", "Completed", 3, None),
+        ("call-throws", "Preflighted", 1, None),
+        ("call-throws", "Failed", 2, "EXECUTION_FAILED"),
+        ("call-projector_throws", "Preflighted", 1, None),
+        ("call-projector_throws", "ProjectingStarted", 2, None),
+        ("call-projector_throws", "Failed", 3, "PROJECTION_FAILED"),
+    ]
+    for entry in committed:
+        assert entry["log_level"] == "debug"
+        assert (entry["run_id"], entry["invocation_id"]) == (
+            RUN,
+            invocation_id(RUN, entry["tool_call_id"]),
+        )
+    assert [(e["log_level"], e["event_type"], e["version"]) for e in finished(logs)] == [
+        ("info", "Completed", 3),
+        ("warning", "Failed", 2),
+        ("warning", "Failed", 3),
+    ]
+    assert_clean(logs, replies, token, namespace, result_ok=True)
+
+
+async def test_a_refusal_is_logged_with_its_code_and_no_version(
+    opened: tuple[Store, str], namespace: str, log_level: Callable[[int], None]
+):
+    """A call refused in preflight or by the creation script logs invocation_refused with its
+    stage and error code, no version and no committed event; its final line names no event."""
+    store, token = opened
+    log_level(logging.DEBUG)
+    tool = FakeTool(raw=RAW, project=projection())
+    boundary = ToolBoundary(store, {TOOL: tool.spec()})
+    await boundary.invoke(RunContext(RUN), secret_call("first"))
+
+    with capture_logs() as logs:
+        replies = [
+            await boundary.invoke(RunContext(RUN), secret_call("c1", tool=f"tool-{REQUEST}")),
+            await boundary.invoke(RunContext(RUN), secret_call("first")),
+        ]
+
+    assert [outcome(reply) for reply in replies] == ["UNKNOWN_TOOL", "DUPLICATE_TOOL_CALL"]
+    refused = named(logs, "invocation_refused")
+    assert [(e["tool_call_id"], e["stage"], e["error_code"]) for e in refused] == [
+        ("c1", "preflight", "UNKNOWN_TOOL"),
+        ("first", "create", "DUPLICATE_TOOL_CALL"),
+    ]
+    for entry in refused:
+        assert "version" not in entry and "event_type" not in entry
+        assert entry["log_level"] == "info"
+        assert (entry["run_id"], entry["invocation_id"]) == (
+            RUN,
+            invocation_id(RUN, entry["tool_call_id"]),
+        )
+    assert named(logs, "event_committed") == []
+    assert [(e["log_level"], e["event_type"], e["version"]) for e in finished(logs)] == [
+        ("info", None, 0),
+        ("info", None, 0),
+    ]
+    assert tool.executed == 1
+    assert_clean(logs, replies, token, namespace, result_ok=False)
+
+
+async def test_at_info_a_successful_call_logs_exactly_one_line(
+    opened: tuple[Store, str], log_level: Callable[[int], None]
+):
+    """At INFO (production) a successful call logs only invocation_finished, naming its last
+    event, version and duration."""
+    store, _ = opened
+    log_level(logging.INFO)
+    boundary = ToolBoundary(store, {TOOL: FakeTool(raw=RAW, project=projection()).spec()})
+
+    with capture_logs() as logs:
+        for i in range(3):
+            await boundary.invoke(RunContext(RUN), secret_call(f"call-{i}"))
+
+    assert [(e["event"], e["log_level"], e["event_type"], e["version"]) for e in logs] == [
+        ("invocation_finished", "info", "Completed", 3)
+    ] * 3
+    assert all(entry["duration_ms"] >= 0 for entry in logs)
+
+
+async def test_with_debug_off_no_debug_line_is_even_built(opened: tuple[Store, str]):
+    """With DEBUG off the boundary never calls ``debug``: no per-event fields are built."""
+    store, _ = opened
+    debug_calls: list[str] = []
+    info_logger: Any = structlog.make_filtering_bound_logger(logging.INFO)
+
+    class CountingDebug(info_logger):  # type: ignore[misc,valid-type]
+        def debug(self, event: str, *args: Any, **fields: Any) -> None:
+            debug_calls.append(event)
+
+    saved = structlog.get_config()
+    structlog.configure(wrapper_class=CountingDebug)
+    try:
+        boundary = ToolBoundary(store, {TOOL: FakeTool(raw=RAW, project=projection()).spec()})
+        with capture_logs() as logs:
+            reply = await boundary.invoke(RunContext(RUN), secret_call("c1"))
+    finally:
+        structlog.configure(**saved)
+
+    assert outcome(reply) == "READY"
+    assert debug_calls == []
+    assert [entry["event"] for entry in logs] == ["invocation_finished"]
