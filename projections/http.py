@@ -6,12 +6,14 @@
 
 Checks run in this order: every answer carries ``Cache-Control: no-store``; the run's
 Bearer token (from the Authorization header only) must name a run whose token was not
-revoked, else 401; the path must match exactly, else 404 before any record is read; any
-query string is refused with 400 before any record is read; the invocation is looked up
-through the token's run only (404 ``invocation_not_found`` for absent, expired and other
-runs' invocations alike); a tool revoked since the call gives 409. A store failure is 503,
-anything unexpected 500, neither with details. There is no pause check: inspection works
-while execution is paused.
+revoked, else 401; the method must be GET and the path one of the three shapes (the
+receipt's being ``/v1/invocations/<one path segment>/receipt``), else 404 ``not_found``;
+any query string is refused with 400; a receipt segment that is not 64 lowercase hex is
+refused with 400 (the last two before any record is read, so a malformed id never reaches
+storage); the invocation is looked up through the token's run only (404
+``invocation_not_found`` for absent, expired and other runs' invocations alike); a tool
+revoked since the call gives 409. A store failure is 503, anything unexpected 500, neither
+with details. There is no pause check: inspection works while execution is paused.
 """
 
 from __future__ import annotations
@@ -27,7 +29,6 @@ from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
 from starlette.responses import Response
-from starlette.routing import Mount
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventstore.contracts import RunContext
@@ -35,6 +36,7 @@ from eventstore.errors import StoreUnavailable
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
+from machine.ids import is_invocation_id
 from projections.facts import observed_facts
 from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
 from projections.metrics import Metrics
@@ -44,7 +46,9 @@ from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_rec
 log = structlog.get_logger("canon.http")
 
 CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
-_RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([a-f0-9]{64})/receipt")
+# Any one segment, so a malformed id is told apart (400) from a path of another shape
+# (404); the segment is checked with is_invocation_id before any lookup.
+_RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([^/]*)/receipt")
 _PROGRESS_PATH: Final = re.compile(r"/v1/runs/([A-Za-z0-9][A-Za-z0-9._\-]{0,127})/progress")
 PROGRESS_SCHEMA: Final = "canon.run-progress.v1"
 _MAX_TOKEN_CHARS: Final = 512
@@ -52,6 +56,7 @@ _CAPABILITIES: Final = msgspec.json.encode(
     {"schema_version": CAPABILITIES_SCHEMA, "receipt_schema": RECEIPT_SCHEMA, "read_only": True}
 )
 _QUERY_MESSAGE: Final = "Invocation inspection does not accept query parameters."
+_INVALID_ID_MESSAGE: Final = "An invocation id is 64 lowercase hexadecimal characters."
 _NOT_FOUND_MESSAGE: Final = "No invocation with this id is visible to this run."
 _CHANGED_MESSAGE: Final = "The invocation's tool is no longer authorized for this run."
 _RUN_NOT_FOUND_MESSAGE: Final = "No run with this id is visible to this token."
@@ -173,6 +178,9 @@ async def _answer(store: Store, request: Request) -> tuple[Response, str]:
         return _json(200, await progress_document(store, run.run_id)), route
     if match is None:
         return _json(200, _CAPABILITIES), route
+    if not is_invocation_id(match.group(1)):
+        # Fixed message: the segment is never echoed back.
+        return _error(400, "invalid_request", _INVALID_ID_MESSAGE), route
     try:
         receipt = await inspect_invocation(store, run.run_id, match.group(1), run=run)
     except InvocationNotFound:
@@ -183,12 +191,21 @@ async def _answer(store: Store, request: Request) -> tuple[Response, str]:
 
 
 class _Endpoint:
-    """An ASGI endpoint: Starlette routes every method to it, so all get the same checks."""
+    """ASGI middleware that answers every HTTP request itself, whatever its path or method.
 
-    def __init__(self, answer: Callable[[Request], Awaitable[Response]]) -> None:
+    Starlette's router never sees a request: it answers a path holding a line feed with a
+    plain-text 404 before authentication, and every request must get the same checks.
+    """
+
+    def __init__(self, app: ASGIApp, answer: Callable[[Request], Awaitable[Response]]) -> None:
+        self.app = app
         self._answer = answer
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Answer an HTTP request; pass anything else (lifespan) on."""
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
         response = await self._answer(Request(scope, receive))
         await response(scope, receive, send)
 
@@ -219,8 +236,5 @@ def create_app(store: Store, *, metrics: Metrics | None = None) -> Starlette:
         return response
 
     return Starlette(
-        # A Mount at the root hands every path to the endpoint (a "{path:path}" Route does
-        # not match a path holding a line feed), so every request gets the same checks.
-        routes=[Mount("/", app=_Endpoint(answer))],
-        middleware=[Middleware(NoStoreMiddleware)],
+        middleware=[Middleware(NoStoreMiddleware), Middleware(_Endpoint, answer=answer)],
     )

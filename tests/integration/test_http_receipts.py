@@ -7,6 +7,7 @@ import socket
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 import msgspec
@@ -98,7 +99,9 @@ async def test_receipt_of_a_ready_call(api: Any) -> None:
     ("method", "url", "auth", "status"),
     [
         ("GET", CAPS, None, 401),
-        ("GET", "/v1/invocations/" + "A" * 64 + "/receipt", RUN, 404),
+        ("GET", "/v1/invocations/" + "A" * 64 + "/receipt", RUN, 400),
+        ("GET", "/v1/invocations/" + "A" * 64 + "/receipt", None, 401),
+        ("POST", "/v1/invocations/" + "A" * 64 + "/receipt", RUN, 404),
         ("GET", CAPS + "?x=1", RUN, 400),
         ("GET", RECEIPT.format("0" * 64), RUN, 404),
         ("POST", CAPS, RUN, 404),
@@ -163,29 +166,101 @@ async def test_revoked_token_is_unauthorized(api: Any) -> None:
         assert response.headers["cache-control"] == "no-store"
 
 
-@pytest.mark.parametrize(
-    "url",
-    [
-        "/v1/invocations/" + invocation_id(RUN, "c1").upper() + "/receipt",
-        "/v1/invocations/" + invocation_id(RUN, "c1")[:63] + "/receipt",
-        path() + "/",
-        "/v1/invocations/c1/receipt",
-        "/v1/other",
-    ],
-    ids=["uppercase", "short", "trailing-slash", "call-id", "other-path"],
-)
-async def test_malformed_id_is_not_found_before_storage(api: Any, redis: Redis, url: str) -> None:
-    """A path that is not exactly a lowercase 64-hex receipt is 404 not_found, no record read."""
-    _, client, tokens = api
-    before = await commandstats(redis)
-    response = await client.get(url, headers=bearer(tokens[RUN]))
+async def assert_only_authenticated(redis: Redis, before: dict[str, int]) -> None:
+    """Since ``before`` the API only authenticated: no invocation was looked up."""
     after = await commandstats(redis)
-    assert (response.status_code, response.json()) == (404, {"error": "not_found"})
     # Authentication alone: the token's hash and the run's entry. No invocation lookup.
     assert after.get("hget", 0) - before.get("hget", 0) == 1
     assert after.get("hgetall", 0) - before.get("hgetall", 0) == 1
     for command in ("hmget", "xrange", "exec"):
         assert after.get(command, 0) == before.get(command, 0)
+
+
+@pytest.mark.parametrize(
+    "segment",
+    [
+        invocation_id(RUN, "c1").upper(),
+        invocation_id(RUN, "c1")[:63],
+        invocation_id(RUN, "c1") + "0",
+        "c1",
+        "",
+        "g" * 64,
+        invocation_id(RUN, "c1")[:63] + "\n",
+        "é" * 64,
+    ],
+    ids=["uppercase", "short", "long", "call-id", "empty", "not-hex", "newline", "unicode"],
+)
+async def test_malformed_id_is_invalid_request_before_storage(
+    api: Any, redis: Redis, segment: str
+) -> None:
+    """A receipt path whose id is not 64 lowercase hex is 400 invalid_request with a fixed
+    message that does not echo the id, answered before any record is read."""
+    _, client, tokens = api
+    url = "/v1/invocations/" + quote(segment) + "/receipt"
+    before = await commandstats(redis)
+    response = await client.get(url, headers=bearer(tokens[RUN]))
+    assert (response.status_code, response.json()) == (
+        400,
+        {
+            "error": "invalid_request",
+            "message": "An invocation id is 64 lowercase hexadecimal characters.",
+        },
+    )
+    assert response.headers["cache-control"] == "no-store"
+    await assert_only_authenticated(redis, before)
+
+
+async def test_malformed_id_needs_the_token_first(api: Any, redis: Redis) -> None:
+    """Without a valid token a malformed id is 401 like any other request: the id check
+    comes after authentication, so it tells an anonymous caller nothing."""
+    _, client, _ = api
+    for segment in (invocation_id(RUN, "c1").upper(), "a%0Ab"):
+        url = "/v1/invocations/" + segment + "/receipt"
+        for headers in ({}, {"Authorization": "Bearer cr1:run-h:not-the-secret"}):
+            response = await client.get(url, headers=headers)
+            assert (response.status_code, response.json()) == (401, {"error": "unauthorized"})
+
+
+async def test_query_string_is_refused_before_the_id_is_checked(api: Any) -> None:
+    """A malformed id with a query string gets the query-string refusal: that check is first."""
+    _, client, tokens = api
+    url = "/v1/invocations/" + invocation_id(RUN, "c1").upper() + "/receipt?route=other"
+    response = await client.get(url, headers=bearer(tokens[RUN]))
+    assert response.status_code == 400
+    assert response.json()["message"] == "Invocation inspection does not accept query parameters."
+
+
+@pytest.mark.parametrize(
+    ("method", "url"),
+    [
+        ("GET", path() + "/"),
+        ("GET", "/v1/invocations/a/" + invocation_id(RUN, "c1") + "/receipt"),
+        ("GET", "/v1/invocations/" + invocation_id(RUN, "c1") + "/receipts"),
+        ("GET", "/v1/other"),
+        ("POST", path()),
+        ("POST", "/v1/invocations/" + invocation_id(RUN, "c1").upper() + "/receipt"),
+        ("DELETE", "/v1/invocations/c1/receipt"),
+    ],
+    ids=[
+        "trailing-slash",
+        "extra-segment",
+        "other-suffix",
+        "other-path",
+        "post",
+        "post-malformed",
+        "delete-malformed",
+    ],
+)
+async def test_other_shapes_are_not_found_before_storage(
+    api: Any, redis: Redis, method: str, url: str
+) -> None:
+    """A request that is not a GET of one of the three routes' shapes is 404 not_found,
+    whatever its id looks like, answered before any record is read."""
+    _, client, tokens = api
+    before = await commandstats(redis)
+    response = await client.request(method, url, headers=bearer(tokens[RUN]))
+    assert (response.status_code, response.json()) == (404, {"error": "not_found"})
+    await assert_only_authenticated(redis, before)
 
 
 @pytest.mark.parametrize("url", [CAPS + "?route=other", path() + "?route=other", path() + "?"])

@@ -1,10 +1,13 @@
-"""``canon workers`` processes: SIGKILL mid-batch is taken over, SIGTERM settles and exits 0."""
+"""``canon workers`` processes: SIGKILL mid-batch is taken over, SIGTERM and SIGINT settle
+the batch and exit 0, ``--metrics-port`` serves the workers' metrics, and nothing a worker
+process prints holds a forbidden log fragment or a trace."""
 
 from __future__ import annotations
 
 import asyncio
 import os
 import signal
+import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -12,13 +15,16 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from redis.asyncio import Redis
 
 from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from projections import ProgressWorker, ReceiptWorker, read_view
 from projections.supervisor import run_workers
+from tests.conftest import LOG_FORBIDDEN
 
 RUN = "run-k"
 CALLS = 40
@@ -28,27 +34,34 @@ GROUPS = ("receipts", "progress")
 
 @pytest.fixture
 def spawn(tmp_path: Path) -> Iterator[Any]:
-    """Starts ``canon`` subprocesses; kills and reaps any still running at the end."""
-    processes: list[subprocess.Popen[bytes]] = []
+    """Starts ``canon`` subprocesses, their stdout and stderr in one file each; at the end
+    kills and reaps any still running, then fails the test if any output holds a fragment
+    of the session log scan's LOG_FORBIDDEN or a trace (subprocess logs are outside it)."""
+    processes: list[tuple[subprocess.Popen[bytes], Path]] = []
 
     def start(*args: str, throttle_ms: int = 0) -> subprocess.Popen[bytes]:
         env = {**os.environ, "CANON_WORKER_THROTTLE_MS": str(throttle_ms)}
-        log = (tmp_path / f"canon-{len(processes)}.log").open("wb")
-        process = subprocess.Popen(
-            [sys.executable, "-m", "canon.cli", *args],
-            stdout=subprocess.DEVNULL,
-            stderr=log,
-            env=env,
-        )
-        log.close()
-        processes.append(process)
+        output = tmp_path / f"canon-{len(processes)}.log"
+        with output.open("wb") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "canon.cli", *args],
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=env,
+            )
+        processes.append((process, output))
         return process
 
     yield start
-    for process in processes:
+    for process, _ in processes:
         if process.poll() is None:
             process.kill()
         process.wait(timeout=10)
+    for _, output in processes:
+        text = output.read_text(errors="replace")
+        leaked = [fragment for fragment in (*LOG_FORBIDDEN, "Traceback") if fragment in text]
+        assert not leaked, f"{output.name} holds {leaked}: {text[-2000:]}"
 
 
 async def settled(redis: Redis, store: Store, group: str) -> int:
@@ -131,10 +144,17 @@ async def write_calls(store: Store, count: int) -> None:
         await store.writer.fail(head, ErrorCode.EXECUTION_FAILED)
 
 
-async def test_sigterm_settles_the_batch_and_exits_zero(
-    make_store: Any, redis: Redis, redis_url: str, namespace: str, spawn: Any
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+async def test_stop_signal_settles_the_batch_and_exits_zero(
+    make_store: Any,
+    redis: Redis,
+    redis_url: str,
+    namespace: str,
+    spawn: Any,
+    signum: signal.Signals,
 ) -> None:
-    """On SIGTERM the workers finish and acknowledge their batch, then the process exits 0."""
+    """On SIGTERM or SIGINT (Ctrl-C) mid-load the workers finish and acknowledge their batch,
+    then the process exits 0 without a trace."""
     store: Store = make_store(shards=SHARDS)
     await write_calls(store, 30)
     worker = spawn(
@@ -151,12 +171,13 @@ async def test_sigterm_settles_the_batch_and_exits_zero(
         assert worker.poll() is None
         assert asyncio.get_running_loop().time() < deadline
         await asyncio.sleep(0.01)
-    worker.send_signal(signal.SIGTERM)
+    worker.send_signal(signum)
 
-    assert worker.wait(timeout=15) == 0
+    assert await asyncio.to_thread(worker.wait, 15) == 0
     for group in GROUPS:
         assert await pending(redis, store, group) == 0
-        assert await settled(redis, store, group) > 0
+        # Stopped mid-load: some entries settled, the rest left for the next worker.
+        assert 0 < await settled(redis, store, group) < 60
 
 
 async def test_burst_drains_everything_and_exits_zero(
@@ -177,3 +198,71 @@ async def test_burst_drains_everything_and_exits_zero(
         assert await settled(redis, store, group) == 10
     view = await read_view(store, RUN)
     assert view is not None and view.by_status == {"ERROR": 5}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def samples(text: str, name: str) -> dict[tuple[str, ...], float]:
+    """The values of the samples called ``name``, keyed by their sorted label values."""
+    return {
+        tuple(value for _, value in sorted(sample.labels.items())): sample.value
+        for family in text_string_to_metric_families(text)
+        for sample in family.samples
+        if sample.name == name
+    }
+
+
+async def test_metrics_port_serves_projected_lag_and_dead_letters(
+    make_store: Any, redis: Redis, redis_url: str, namespace: str, spawn: Any
+) -> None:
+    """``canon workers --metrics-port`` serves Prometheus text: every entry counted once as
+    projected, one poison entry as a dead letter per projection, and per-shard lag and
+    pending gauges that fall to zero once the workers have caught up."""
+    store: Store = make_store(shards=SHARDS)
+    await write_calls(store, 5)
+    await redis.xadd(store.keys.feed(0), {"junk": "1"})
+    port = free_port()
+    worker = spawn(
+        "workers",
+        f"--redis-url={redis_url}",
+        f"--namespace={namespace}",
+        f"--shards={SHARDS}",
+        f"--metrics-port={port}",
+        "--block-ms=100",
+        "--min-idle-ms=100",
+        "--max-deliveries=1",
+    )
+    every_shard = {(g, str(s)) for g in GROUPS for s in range(SHARDS)}
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    text = ""
+    async with httpx.AsyncClient() as client:
+        while True:
+            assert worker.poll() is None, "canon workers exited"
+            assert loop.time() < deadline, f"metrics never settled: {text}"
+            try:
+                text = (await client.get(f"http://127.0.0.1:{port}/metrics")).text
+            except httpx.TransportError:
+                text = ""
+            projected: dict[str, float] = {}
+            for (_outcome, group), value in samples(text, "canon_events_projected_total").items():
+                projected[group] = projected.get(group, 0) + value
+            lag = samples(text, "canon_projection_lag_entries")
+            waiting = samples(text, "canon_projection_pending_entries")
+            # Lag is reported every few seconds, so it may trail the counters.
+            if (
+                projected == dict.fromkeys(GROUPS, 10)
+                and set(lag) == set(waiting) == every_shard
+                and set(lag.values()) == set(waiting.values()) == {0}
+                and samples(text, "canon_dead_letters_total") == {(g,): 1 for g in GROUPS}
+            ):
+                break
+            await asyncio.sleep(0.1)
+    assert samples(text, "canon_projection_failures_total") == {(g,): 1 for g in GROUPS}
+    assert set(samples(text, "canon_projection_oldest_unacked_seconds").values()) == {0}
+    worker.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(worker.wait, 15) == 0
