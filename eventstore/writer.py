@@ -16,7 +16,7 @@ from typing import Final
 from redis.asyncio import Redis
 
 from eventstore.batching import ScriptBatcher, call_script
-from eventstore.errors import RecordExpired, Refused, redis_errors
+from eventstore.errors import InvalidArgument, RecordExpired, Refused, redis_errors
 from eventstore.keys import Keys
 from eventstore.scripts import Scripts
 from machine.codes import ErrorCode, EvidenceStatus
@@ -33,7 +33,7 @@ from machine.events import (
     payload_digest,
 )
 from machine.fold import event_fields
-from machine.ids import invocation_id
+from machine.ids import invocation_id, is_tool_name
 
 #: Record field that holds each event type's payload.
 PAYLOAD_FIELD: Final = {
@@ -93,6 +93,16 @@ class Writer:
         feed_retention_ms: int,
         batcher: ScriptBatcher | None = None,
     ) -> None:
+        """Write through ``scripts`` on ``client``.
+
+        Raises:
+            InvalidArgument: ``feed_retention_ms`` is shorter than ``ttl_ms``: age trimming
+                would then drop feed entries of records that still exist, before every
+                projection has seen them.
+
+        """
+        if feed_retention_ms < ttl_ms:
+            raise InvalidArgument("feed retention must not be shorter than the record TTL")
         self._client = client
         self._keys = keys
         self._scripts = scripts
@@ -107,11 +117,17 @@ class Writer:
         """Append one prepared event (and its payload, if its type has one).
 
         Raises:
+            InvalidArgument: an unsafe run id or tool call id, or (for a creation) a tool
+                name that is not allowed; refused before any command is sent.
             Refused: the script refused the event (its ``code`` says why).
             RecordExpired: an update found the record gone; nothing was created.
             StoreUnavailable: Redis failed or timed out.
 
         """
+        # Checked before anything is encoded or sent: an unsafe id is refused, never rewritten.
+        keys = self._keys.invocation(run_id, tool_call_id)
+        if isinstance(event, Preflighted) and not is_tool_name(event.tool):
+            raise InvalidArgument("tool name is not allowed")
         encoded = encode_event(event)
         hash_ = event_hash(encoded)
         kind = event_type(event)
@@ -121,18 +137,11 @@ class Writer:
         field = PAYLOAD_FIELD.get(kind)
         if field is not None and payload is not None:
             pairs += (field, payload)
-        keys = self._keys
         async with redis_errors():
             if isinstance(event, Preflighted):
                 reply = await self._call_script(
                     self._scripts.create,
-                    [
-                        keys.record(run_id, tool_call_id),
-                        keys.stream(run_id, tool_call_id),
-                        keys.feed_of(run_id),
-                        keys.run(run_id),
-                        keys.control_of(run_id),
-                    ],
+                    [keys.record, keys.stream, keys.feed, keys.run, keys.control],
                     [
                         event.event_id,
                         hash_,
@@ -152,13 +161,7 @@ class Writer:
             else:
                 reply = await self._call_script(
                     self._scripts.append,
-                    [
-                        keys.record(run_id, tool_call_id),
-                        keys.stream(run_id, tool_call_id),
-                        keys.feed_of(run_id),
-                        keys.progress(run_id),
-                        keys.run(run_id),
-                    ],
+                    [keys.record, keys.stream, keys.feed, keys.progress, keys.run],
                     [
                         kind,
                         event.version,
@@ -192,6 +195,8 @@ class Writer:
         """Create the invocation: Preflighted with the complete request (status PROJECTING).
 
         Raises:
+            InvalidArgument: an unsafe run id or tool call id, or a tool name that is not
+                allowed; nothing is sent and nothing is created.
             Refused: with a preflight code (RUN_INACTIVE, DUPLICATE_TOOL_CALL, budgets...).
             StoreUnavailable: Redis failed or timed out.
 

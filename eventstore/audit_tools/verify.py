@@ -136,8 +136,10 @@ class NamespaceVerifier:
                 continue
             run_id, tool_call_id, stream_suffix = match.groups()
             ids = (run_id, tool_call_id)
-            expected = keys.stream(*ids) if stream_suffix else keys.record(*ids)
-            if not (is_safe_id(run_id) and is_safe_id(tool_call_id)) or key != expected:
+            # Safety first: Keys refuses to build a key from an unsafe id.
+            if not (is_safe_id(run_id) and is_safe_id(tool_call_id)) or key != (
+                keys.stream(*ids) if stream_suffix else keys.record(*ids)
+            ):
                 self._report(run_id, tool_call_id, "misplaced_key")
                 continue
             wanted[ids] = wanted.get(ids, False) or not stream_suffix

@@ -12,6 +12,7 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary
+from eventstore.errors import InvalidArgument
 from machine.codes import ErrorCode
 from machine.ids import MAX_ID_LENGTH
 from tests.support.calls import (
@@ -262,3 +263,12 @@ async def test_tool_spec_refusals(
     await assert_refused_before_execution(
         boundary, tool, envelope(tool=call_tool), code, redis=redis, namespace=namespace
     )
+
+
+@pytest.mark.parametrize("name", ["bad name", "run:tool", "{tag}", "", "7up", "é"])
+async def test_a_tool_registered_under_a_name_the_store_refuses_is_refused_at_construction(
+    store: Store, name: str
+):
+    """A boundary is not built with a tool name the writer would refuse on every call."""
+    with pytest.raises(InvalidArgument, match="tool names not allowed"):
+        ToolBoundary(store, {TOOL: FakeTool().spec(), name: FakeTool().spec()})

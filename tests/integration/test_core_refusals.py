@@ -1,19 +1,30 @@
-"""Refusals create nothing; a namespace keeps its shard count; scripts survive SCRIPT FLUSH."""
+"""Refusals create nothing; a namespace keeps its shard count; scripts survive SCRIPT FLUSH.
+
+Unsafe ids and disallowed tool names are refused before any command is sent.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import timedelta
 
 import pytest
 from redis.asyncio import Redis
 
-from eventstore.errors import NamespaceMismatch, RecordExpired, Refused
+from eventstore.errors import (
+    InvalidArgument,
+    NamespaceMismatch,
+    RecordExpired,
+    Refused,
+    StoreUnavailable,
+)
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import GENESIS_HASH
+from machine.ids import MAX_ID_LENGTH
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, namespace_keys, open_store
 
 RUN = "run-1"
@@ -188,3 +199,104 @@ async def test_concurrent_writes_survive_script_flush(store: Store, redis: Redis
     assert [head.version for head in heads] == [1] * 20
     info = await store.run_info(RUN)
     assert info is not None and info.used_total == 21
+
+
+#: Ids no key may contain: key separators, hash tags, whitespace, nothing, too much.
+_UNSAFE_IDS = {
+    "colon-brace-newline": "bad id:{x}\n",
+    "empty": "",
+    "too-long": "x" * (MAX_ID_LENGTH + 1),
+    "hash-tag": "{s00}",
+    "space": "call 1",
+    "non-ascii": "call-é",
+}
+_UNSAFE = pytest.mark.parametrize("unsafe", _UNSAFE_IDS.values(), ids=_UNSAFE_IDS.keys())
+
+
+@_UNSAFE
+async def test_an_unsafe_run_id_is_refused_and_creates_nothing(
+    store: Store, redis: Redis, unsafe: str
+) -> None:
+    """create() with an unsafe run id raises InvalidArgument; the namespace holds no key."""
+    with pytest.raises(InvalidArgument, match=r"^run id is not a safe id$"):
+        await store.writer.create(unsafe, "call-1", TOOL, REQUEST)
+    # Only the namespace metadata the store wrote on entry.
+    assert await namespace_keys(redis, store.keys.namespace) == [store.keys.meta().encode()]
+
+
+@_UNSAFE
+async def test_an_unsafe_tool_call_id_is_refused_and_creates_nothing(
+    store: Store, redis: Redis, unsafe: str
+) -> None:
+    """create() with an unsafe tool call id raises InvalidArgument; no key, no budget spent."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5), budget=3)
+    info_before = await store.run_info(RUN)
+    keys_before = await namespace_keys(redis, store.keys.namespace)
+    # The message names the kind of id and never echoes it.
+    with pytest.raises(InvalidArgument, match=r"^tool call id is not a safe id$") as refused:
+        await store.writer.create(RUN, unsafe, TOOL, REQUEST)
+    assert isinstance(refused.value, ValueError)
+    assert await namespace_keys(redis, store.keys.namespace) == keys_before
+    assert await store.run_info(RUN) == info_before
+
+
+_BAD_TOOLS = {
+    "colon-brace": "bad tool:{x}",
+    "empty": "",
+    "digit-first": "9lives",
+    "too-long": "t" * 65,
+    "newline": "tool\n",
+}
+
+
+@pytest.mark.parametrize("tool", _BAD_TOOLS.values(), ids=_BAD_TOOLS.keys())
+async def test_a_tool_name_that_is_not_allowed_is_refused_and_creates_nothing(
+    store: Store, redis: Redis, tool: str
+) -> None:
+    """The tool name goes into the record and the run's counters, so it is checked too."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    info_before = await store.run_info(RUN)
+    keys_before = await namespace_keys(redis, store.keys.namespace)
+    with pytest.raises(InvalidArgument, match="tool name"):
+        await store.writer.create(RUN, "call-1", tool, REQUEST)
+    assert await namespace_keys(redis, store.keys.namespace) == keys_before
+    assert await store.run_info(RUN) == info_before
+
+
+@pytest.mark.parametrize("field", ["run_id", "tool_call_id"])
+async def test_an_update_naming_an_unsafe_id_is_refused_and_changes_nothing(
+    store: Store, redis: Redis, field: str
+) -> None:
+    """Every update of a Head whose id is unsafe raises InvalidArgument; nothing changes."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    head = await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    keys_before = await namespace_keys(redis, store.keys.namespace)
+    feed_before = await redis.xlen(store.keys.feed_of(RUN))
+    bad = dataclasses.replace(head, **{field: "call-1:{x}"})
+    with pytest.raises(InvalidArgument):
+        await store.writer.start_projecting(bad, RAW)
+    with pytest.raises(InvalidArgument):
+        await store.writer.complete(bad, RESULT, EvidenceStatus.EVIDENCE_FOUND, "docs")
+    with pytest.raises(InvalidArgument):
+        await store.writer.fail(bad, ErrorCode.EXECUTION_FAILED)
+    assert await namespace_keys(redis, store.keys.namespace) == keys_before
+    assert await redis.xlen(store.keys.feed_of(RUN)) == feed_before
+    record = await store.get(RUN, "call-1")
+    assert record is not None and record.state.version == 1
+
+
+async def test_unsafe_ids_are_refused_before_any_command_is_sent() -> None:
+    """With no server to talk to, an unsafe id still raises InvalidArgument, not
+    StoreUnavailable: the check runs before the first command; a safe id does reach Redis."""
+    offline = Store.from_url("redis://127.0.0.1:1/0", timeout_s=0.2)
+    try:
+        with pytest.raises(InvalidArgument):
+            await offline.writer.create("bad id:{x}\n", "call-1", TOOL, REQUEST)
+        with pytest.raises(InvalidArgument):
+            await offline.writer.create(RUN, "bad id:{x}\n", TOOL, REQUEST)
+        with pytest.raises(InvalidArgument):
+            await offline.writer.create(RUN, "call-1", "bad tool:{x}", REQUEST)
+        with pytest.raises(StoreUnavailable):
+            await offline.writer.create(RUN, "call-1", TOOL, REQUEST)
+    finally:
+        await offline.aclose()

@@ -204,6 +204,18 @@ async def test_verify_reports_keys_outside_the_layout(
     }
 
 
+async def test_verify_reports_a_key_with_an_unsafe_id_as_misplaced(
+    store: Store, redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record key whose call id no writer would accept (a space, a brace) is reported as
+    misplaced; verify does not stop at it."""
+    await populate(store)
+    await redis.hset(f"{store.keys.tag_of(RUN)}:inv:{RUN}:bad {{call}}", "status", "READY")
+    code, problems, _ = await verify_json(capsys, redis_url, namespace)
+    assert code == 1
+    assert [(p["tool_call_id"], p["reason"]) for p in problems] == [("bad {call}", "misplaced_key")]
+
+
 async def test_human_verify_names_invocation_and_reason(
     store: Store, redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

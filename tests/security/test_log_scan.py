@@ -1,10 +1,18 @@
 """The session-wide log scan (tests/conftest.py) sees every kind of log the suite emits:
 plain structlog events, events captured by capture_logs, events after a CLI reconfigures
-logging in-process, and stdlib records; and it flags forbidden fragments and traces."""
+logging in-process, and stdlib records; and it flags forbidden fragments and traces.
+
+Its end-of-session probe is tested on sessions of their own: a child pytest process runs
+the real conftest on a few generated test files.
+"""
 
 from __future__ import annotations
 
 import logging
+import pathlib
+import shutil
+import subprocess
+import sys
 from collections.abc import Iterator
 
 import pytest
@@ -12,7 +20,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from canon.logs import configure_logging
-from tests.conftest import LOG_SCAN, forbid_in_logs
+from tests.conftest import LOG_SCAN, forbid_in_logs, probe_scan
 
 MARKER = "LOGSCAN-SELFTEST-7c1e"
 forbid_in_logs(MARKER)
@@ -86,3 +94,77 @@ def test_a_trace_in_a_structlog_event_is_flagged(own_leaks: list[str]) -> None:
     except ValueError:
         structlog.get_logger("scan-test").exception("probe_failed", detail=MARKER)
     assert any("a stack trace" in leak for leak in provoked_since(before))
+
+
+def test_the_session_probe_reaches_the_scan() -> None:
+    """In this very session, the probe's structlog event and stdlib record are both scanned."""
+    events, records = LOG_SCAN.structlog_events, LOG_SCAN.stdlib_records
+    assert probe_scan() == []
+    assert (LOG_SCAN.structlog_events, LOG_SCAN.stdlib_records) == (events + 1, records + 1)
+
+
+_CHILD_SETTINGS = """[pytest]
+asyncio_mode = auto
+asyncio_default_fixture_loop_scope = session
+asyncio_default_test_loop_scope = session
+filterwarnings = error
+"""
+
+_QUIET_TESTS = """import pytest
+
+@pytest.mark.parametrize("number", range(200))
+def test_logs_nothing(number):
+    assert number >= 0
+"""
+
+_UNWIRING_TESTS = {
+    "structlog": """import structlog
+
+def test_takes_the_scan_out_of_the_chain():
+    processors = structlog.get_config()["processors"]
+    processors[:] = [p for p in processors if getattr(p, "__name__", "") != "scan_event"]
+""",
+    "stdlib": """import logging
+
+def test_takes_the_scan_off_the_root_logger():
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if type(h).__name__ == "ScanHandler"]:
+        root.removeHandler(handler)
+""",
+}
+
+
+def run_child_session(tmp_path: pathlib.Path, tests: str) -> subprocess.CompletedProcess[str]:
+    """Run pytest in a child process on ``tests`` with a copy of the suite's conftest."""
+    shutil.copy(pathlib.Path(__file__).parents[1] / "conftest.py", tmp_path / "conftest.py")
+    (tmp_path / "pytest.ini").write_text(_CHILD_SETTINGS)
+    (tmp_path / "test_child.py").write_text(tests)
+    return subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
+
+
+def test_a_focused_run_of_tests_that_log_nothing_passes(tmp_path: pathlib.Path) -> None:
+    """200 passing tests without a single log event: the scan does not fail the run.
+
+    (The scan used to demand 500 events from any session of 200 tests or more.)
+    """
+    child = run_child_session(tmp_path, _QUIET_TESTS)
+    assert child.returncode == 0, child.stdout[-2000:]
+    assert "200 passed" in child.stdout
+    assert "log scan FAILED" not in child.stdout
+
+
+@pytest.mark.parametrize("path", _UNWIRING_TESTS)
+def test_a_scan_that_stops_receiving_logs_fails_the_run(tmp_path: pathlib.Path, path: str) -> None:
+    """A test that cuts the scan off a logging path passes, but the session fails, naming it."""
+    child = run_child_session(tmp_path, _UNWIRING_TESTS[path])
+    assert child.returncode == pytest.ExitCode.TESTS_FAILED, child.stdout[-2000:]
+    assert "1 passed" in child.stdout
+    assert "log scan FAILED: a probe of" in child.stdout
+    assert "the scan is not receiving the logs" in child.stdout

@@ -1,0 +1,130 @@
+"""The shard feed is trimmed by age on every write, and never below the record TTL.
+
+Age is simulated without waiting: entries are written straight into the feed with
+explicit stream ids (a stream id starts with its creation time in ms), some older than
+the retention, some older than the TTL but within the grace period, some younger than
+the TTL. The next write's ``XADD ... MINID ~`` then trims. ``~`` removes only whole
+stream nodes, so one node straddling the horizon may keep a few old entries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import cast
+
+import pytest
+from redis.asyncio import Redis
+
+from eventstore.errors import InvalidArgument
+from eventstore.store import FEED_GRACE, Store
+from eventstore.writer import Writer
+from tests.helpers import RAW, REQUEST, TOOL, open_store
+
+RUN = "run-1"
+TTL = timedelta(minutes=5)
+MINUTE_MS = 60_000
+#: Entries written per age group; enough for several full stream nodes at any setting.
+PER_GROUP = 300
+#: Redis's default stream-node-max-entries: the most old entries one straddling node keeps.
+NODE_MAX_ENTRIES = 100
+#: A URL nothing listens on: these stores are built, never used.
+OFFLINE = "redis://127.0.0.1:1/0"
+
+
+@pytest.fixture
+async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+    """A store with a five-minute record TTL (feed retention: TTL + one hour)."""
+    async with open_store(redis_url, namespace, ttl=TTL) as store:
+        yield store
+
+
+async def server_now_ms(redis: Redis) -> int:
+    """The server clock, which the scripts trim by."""
+    seconds, micros = await redis.time()
+    return int(seconds) * 1000 + int(micros) // 1000
+
+
+async def seed(redis: Redis, feed: str, at_ms: int, count: int) -> None:
+    """Write ``count`` feed-like entries whose ids say they were made at ``at_ms``."""
+    async with redis.pipeline(transaction=False) as pipe:
+        for seq in range(count):
+            pipe.xadd(
+                feed, {"r": "old", "c": f"c{seq}", "v": 1, "t": "Preflighted"}, f"{at_ms}-{seq}"
+            )
+        await pipe.execute()
+
+
+async def ages_left(redis: Redis, feed: str) -> list[int]:
+    """The creation time (ms) of every entry still in the feed."""
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], await redis.xrange(feed))
+    return [int(entry_id.split(b"-")[0]) for entry_id, _ in entries]
+
+
+async def test_store_feed_retention_is_the_ttl_plus_an_hour() -> None:
+    """Whatever the TTL, a store keeps feed entries an hour longer than its records."""
+    for ttl in (timedelta(seconds=2), TTL, timedelta(days=1), timedelta(days=30)):
+        store = Store.from_url(OFFLINE, ttl=ttl)
+        try:
+            assert store.feed_retention_ms == store.ttl_ms + int(FEED_GRACE.total_seconds()) * 1000
+        finally:
+            await store.aclose()
+
+
+async def test_a_writer_refuses_a_feed_retention_below_the_ttl() -> None:
+    """Trimming feed entries of live records would hide them from projections: refused."""
+    store = Store.from_url(OFFLINE, ttl=TTL)
+    try:
+        with pytest.raises(InvalidArgument, match="feed retention"):
+            Writer(store.client, store.keys, store.scripts, ttl_ms=60_000, feed_retention_ms=59_999)
+        # Equal is the least that is allowed.
+        Writer(store.client, store.keys, store.scripts, ttl_ms=60_000, feed_retention_ms=60_000)
+    finally:
+        await store.aclose()
+
+
+@pytest.mark.parametrize("write", ["create", "append"])
+async def test_a_write_trims_entries_past_retention_and_keeps_younger_ones(
+    store: Store, redis: Redis, write: str
+) -> None:
+    """After a create or an append, entries older than TTL + 1 h are gone (but for one
+    straddling node); entries younger than the TTL, and those in the grace hour, all stay."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    feed = store.keys.feed_of(RUN)
+    head = await store.writer.create(RUN, "call-0", TOOL, REQUEST) if write == "append" else None
+    # Stream ids only grow: clear the feed so older ids can be written again.
+    await redis.delete(feed)
+    now = await server_now_ms(redis)
+    expired = now - store.feed_retention_ms - MINUTE_MS
+    in_grace = now - store.ttl_ms - 30 * MINUTE_MS
+    live = now - store.ttl_ms + MINUTE_MS
+    for at_ms in (expired, in_grace, live):
+        await seed(redis, feed, at_ms, PER_GROUP)
+
+    if head is None:
+        await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    else:
+        await store.writer.start_projecting(head, RAW)
+
+    left = await ages_left(redis, feed)
+    assert left.count(in_grace) == PER_GROUP
+    assert left.count(live) == PER_GROUP
+    assert left.count(expired) < NODE_MAX_ENTRIES
+    assert len(left) == left.count(expired) + 2 * PER_GROUP + 1  # + this write's entry
+
+
+async def test_entries_younger_than_the_retention_are_never_trimmed(
+    store: Store, redis: Redis
+) -> None:
+    """Entries just inside the retention horizon survive every later write."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    feed = store.keys.feed_of(RUN)
+    now = await server_now_ms(redis)
+    # One minute inside the retention horizon: the oldest entry a trim must still keep.
+    oldest_kept = now - store.feed_retention_ms + MINUTE_MS
+    await seed(redis, feed, oldest_kept, PER_GROUP)
+    for number in range(5):
+        await store.writer.create(RUN, f"call-{number}", TOOL, REQUEST)
+    left = await ages_left(redis, feed)
+    assert left.count(oldest_kept) == PER_GROUP
+    assert len(left) == PER_GROUP + 5
