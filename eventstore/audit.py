@@ -47,6 +47,7 @@ PAYLOAD_FIELDS: Final = {
 }
 #: Record fields the events cannot vouch for (set by the store at creation).
 _UNCHECKED: Final = frozenset({"expires_at_ms"})
+_NOT_FOLDED: Final = frozenset(PAYLOAD_FIELDS) | _UNCHECKED
 
 
 def _is_event_id_field(name: str) -> bool:
@@ -116,14 +117,10 @@ def _compare_record(
     for position, stored in enumerate(stored_events, start=1):
         if stored.event is not None:
             expected[f"e{position}"] = stored.event.event_id.encode()
-    names = [*InvocationState.__struct_fields__, "invocation_id"]
-    names += sorted(
-        {name for name in (*record, *expected) if _is_event_id_field(name)},
-        key=lambda name: int(name[1:]),
-    )
-    known = set(names) | set(PAYLOAD_FIELDS) | _UNCHECKED
-    names += sorted(name for name in record if name not in known)
-    problems = [f"tampered_field:{n}" for n in names if record.get(n) != expected.get(n)]
+    if _agrees(record, expected):
+        problems: list[str] = []
+    else:
+        problems = _tampered_fields(record, expected)
     for field, (digest_name, size_name) in PAYLOAD_FIELDS.items():
         digest, size = getattr(state, digest_name), getattr(state, size_name)
         payload = record.get(field)
@@ -134,6 +131,25 @@ def _compare_record(
         if not sound:
             problems.append(f"payload_digest_mismatch:{field}")
     return problems
+
+
+def _agrees(record: Mapping[str, bytes], expected: dict[str, bytes]) -> bool:
+    """Whether every field but the payloads and the expiry is exactly as expected."""
+    if any(name not in expected for name in record.keys() - _NOT_FOLDED):
+        return False
+    return all(record.get(name) == value for name, value in expected.items())
+
+
+def _tampered_fields(record: Mapping[str, bytes], expected: dict[str, bytes]) -> list[str]:
+    """One ``tampered_field`` reason per differing field: state, ids, events, then others."""
+    names = [*InvocationState.__struct_fields__, "invocation_id"]
+    names += sorted(
+        {name for name in (*record, *expected) if _is_event_id_field(name)},
+        key=lambda name: int(name[1:]),
+    )
+    known = set(names) | set(PAYLOAD_FIELDS) | _UNCHECKED
+    names += sorted(name for name in record if name not in known)
+    return [f"tampered_field:{n}" for n in names if record.get(n) != expected.get(n)]
 
 
 def verify_against_events(
