@@ -2,14 +2,14 @@
 
 Each node is an :class:`EmbeddedRedis` (its own temporary directory, stopped by pid) with
 cluster mode on and an explicit cluster-bus port, so a node port near the top of the
-range never needs ``port + 10000``. ``redis-cli --cluster create`` joins them. Slots are
-moved with the CLUSTER SETSLOT / MIGRATE sequence on one exact slot, which
-``redis-cli --cluster reshard`` cannot target (it picks the slots itself).
+range never needs ``port + 10000``. ``redis-cli --cluster create`` joins them and
+``redis-cli --cluster reshard`` moves slots between them, as an operator would.
 """
 
 from __future__ import annotations
 
 import asyncio
+import re
 import shutil
 import socket
 import subprocess
@@ -26,6 +26,8 @@ from eventstore.embedded import EmbeddedRedis, ServerBinary
 
 _ADMIN_TIMEOUT_S = 5.0
 SLOTS = 16384
+#: A line redis-cli prints as it moves one slot (the plan names node ids, not addresses).
+_MOVING_SLOT = re.compile(r"Moving slot (\d+) from [\d.]+:\d+ to ")
 
 
 class ClusterSetupError(RuntimeError):
@@ -220,43 +222,50 @@ class LocalCluster:
         """``CLUSTER KEYSLOT`` of ``key``, computed by the server."""
         return int(self.nodes[0].command("CLUSTER", "KEYSLOT", key))
 
-    async def migrate_slot(
-        self, slot: int, target: ClusterNode, *, batch: int = 5, pause_s: float = 0.003
-    ) -> int:
-        """Move one slot to ``target`` while clients keep working; return the keys moved.
+    def slots_of(self, node: ClusterNode) -> list[int]:
+        """The slots ``node`` serves, ascending."""
+        return sorted(slot for slot, owner in self.owners().items() if owner is node)
 
-        The slot is marked IMPORTING on the target and MIGRATING on its owner, its keys
-        are sent over in small MIGRATE batches with pauses (so concurrent commands meet
-        ASK and TRYAGAIN), then every node is told the new owner.
+    async def reshard(
+        self,
+        source: ClusterNode,
+        target: ClusterNode,
+        count: int,
+        *,
+        pipeline: int = 10,
+        timeout_s: float = 60.0,
+    ) -> list[int]:
+        """Move ``count`` slots from ``source`` to ``target`` with ``redis-cli --cluster
+        reshard``, while clients keep working; return the slots it reports moving.
+
+        redis-cli (7.0) moves a single source's lowest slots, so a slot whose owner serves
+        ``n`` slots below it moves with ``count = n + 1``; callers compare the slots
+        reported with the ones they meant. ``pipeline`` is the number of keys per
+        MIGRATE. The process is killed by pid if it outlives ``timeout_s``.
         """
-        source = self.node_of_slot(slot)
-        if source is target:
-            raise ClusterSetupError(f"slot {slot} is already served by {target.address}")
-        clients = {node.port: node.client() for node in self.nodes}
-        src, dst = clients[source.port], clients[target.port]
-        moved = 0
+        process = await asyncio.create_subprocess_exec(
+            redis_cli(),
+            *("--cluster", "reshard", source.address),
+            *("--cluster-from", source.node_id, "--cluster-to", target.node_id),
+            *("--cluster-slots", str(count), "--cluster-pipeline", str(pipeline)),
+            "--cluster-yes",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
         try:
-            await dst.execute_command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
-            await src.execute_command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
-            while keys := await src.execute_command("CLUSTER", "GETKEYSINSLOT", slot, batch):
-                await src.execute_command(
-                    "MIGRATE", "127.0.0.1", target.port, "", 0, 5000, "KEYS", *keys
-                )
-                moved += len(keys)
-                await asyncio.sleep(pause_s)
-            # The target first, so the slot is never without an owner that accepts it.
-            for port in [
-                target.port,
-                source.port,
-                *(p for p in clients if p not in (target.port, source.port)),
-            ]:
-                await clients[port].execute_command(
-                    "CLUSTER", "SETSLOT", slot, "NODE", target.node_id
-                )
+            stdout, stderr = await asyncio.wait_for(process.communicate(), timeout_s)
         finally:
-            for client in clients.values():
-                await client.aclose()
-        return moved
+            if process.returncode is None:
+                process.kill()
+                await process.wait()
+        out = stdout.decode(errors="replace")
+        if process.returncode != 0:
+            raise ClusterSetupError(
+                f"redis-cli --cluster reshard failed ({process.returncode}):\n"
+                f"{out[-2000:]}\n{stderr.decode(errors='replace')[-2000:]}"
+            )
+        return [int(slot) for slot in _MOVING_SLOT.findall(out)]
 
     async def wait_owner(self, slot: int, target: ClusterNode, timeout_s: float = 10.0) -> None:
         """Wait until every node names ``target`` as the owner of ``slot``."""

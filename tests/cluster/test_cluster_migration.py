@@ -1,4 +1,4 @@
-"""A live slot migration while the boundary, readers and a receipt worker are busy."""
+"""A live ``redis-cli --cluster reshard`` while the boundary, a reader and two workers are busy."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import collections
 import itertools
 import json
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 import pytest
 
@@ -18,7 +18,7 @@ from eventstore.keys import shard_of
 from machine.codes import Status
 from machine.fold import fold_all
 from machine.ids import invocation_id
-from projections import ReceiptWorker
+from projections import ProgressWorker, ReceiptWorker, read_view
 from tests.cluster.harness import ClusterNode, LocalCluster
 from tests.support.calls import envelope, outcome
 from tests.support.tools import FakeTool
@@ -28,6 +28,16 @@ LANES = 3
 PREFILL = 6
 #: Calls each lane still makes after the move, through clients whose slot table is stale.
 AFTER_MOVE = 3
+#: Shards of the test's namespace. No other test uses more than the default 16, so the
+#: tags ``{s16}`` ... ``{s31}`` are this test's alone: the moved slot holds only its keys.
+SHARDS = 32
+PRIVATE_SHARDS = range(16, SHARDS)
+#: Keys per MIGRATE while the busy slot moves: one, so the move spans many round trips.
+PIPELINE = 1
+#: Plain keys outside the namespace put in the busy slot, so that its move lasts long
+#: enough (about 0.3 s on an idle machine) for the load to meet it for certain, and stays
+#: well under the store's 2 s redirect budget on a busy one.
+FILLER = 1000
 
 
 def runs_in_shard(shard: int, shards: int, count: int) -> list[str]:
@@ -36,14 +46,18 @@ def runs_in_shard(shard: int, shards: int, count: int) -> list[str]:
     return list(itertools.islice((r for r in candidates if shard_of(r, shards) == shard), count))
 
 
-def quietest_shard(store: Store, cluster: LocalCluster) -> int:
-    """The shard whose slot holds the fewest keys (earlier tests leave keys behind)."""
-    counts = {}
-    for shard in range(store.keys.shards):
+def nearest_shard(store: Store, cluster: LocalCluster) -> tuple[int, list[int]]:
+    """The private shard whose slot has the fewest slots below it on its owner, and those.
+
+    ``redis-cli --cluster reshard`` moves a source's lowest slots first, so those slots
+    are moved ahead (idle) and the busy slot is then the only one the live reshard moves.
+    """
+    below: dict[int, list[int]] = {}
+    for shard in PRIVATE_SHARDS:
         slot = cluster.keyslot(store.keys.feed(shard))
-        owner = cluster.node_of_slot(slot)
-        counts[shard] = int(owner.command("CLUSTER", "COUNTKEYSINSLOT", slot))
-    return min(counts, key=lambda shard: counts[shard])
+        below[shard] = [s for s in cluster.slots_of(cluster.node_of_slot(slot)) if s < slot]
+    shard = min(below, key=lambda shard: len(below[shard]))
+    return shard, below[shard]
 
 
 def redirects(cluster: LocalCluster) -> collections.Counter[str]:
@@ -72,6 +86,50 @@ async def wait_receipts_current(
         await asyncio.sleep(0.05)
 
 
+def calls_by_run(calls: list[tuple[str, str]]) -> dict[str, list[str]]:
+    """The tool call ids of each run."""
+    calls_of: dict[str, list[str]] = collections.defaultdict(list)
+    for run_id, call_id in calls:
+        calls_of[run_id].append(call_id)
+    return calls_of
+
+
+async def wait_views_current(
+    store: Store, calls: list[tuple[str, str]], *, timeout_s: float
+) -> None:
+    """Wait until every run's progress view counts all its calls READY."""
+    deadline = asyncio.get_running_loop().time() + timeout_s
+    expected = {run_id: len(call_ids) for run_id, call_ids in calls_by_run(calls).items()}
+    while True:
+        ready = {}
+        for run_id in expected:
+            view = await read_view(store, run_id)
+            ready[run_id] = view.by_status.get("READY", 0) if view else 0
+        if ready == expected:
+            return
+        assert asyncio.get_running_loop().time() < deadline, f"views behind: {ready}"
+        await asyncio.sleep(0.05)
+
+
+async def assert_views_count_each_call_once(
+    store: Store, calls: list[tuple[str, str]], worker: ProgressWorker
+) -> None:
+    """Each run's view counts each of its calls exactly once, at version 3, READY with
+    evidence; the worker that lived through the move settled each feed entry once."""
+    for run_id, call_ids in calls_by_run(calls).items():
+        view = await read_view(store, run_id)
+        count = len(call_ids)
+        assert view is not None and view.invocations == count, run_id
+        assert view.by_status == {"READY": count}
+        assert view.by_evidence == {"EVIDENCE_FOUND": count}
+        fields = cast(dict[bytes, bytes], await store.client.hgetall(store.keys.run_view(run_id)))
+        versions = {k[2:].decode(): v for k, v in fields.items() if k.startswith(b"v:")}
+        assert versions == dict.fromkeys(call_ids, b"3")
+    settled = ("applied", "stale", "duplicate")
+    assert sum(worker.counters[name] for name in settled) == 3 * len(calls), worker.counters
+    assert worker.counters["expired"] == worker.counters["dead"] == 0, worker.counters
+
+
 async def assert_journals_intact(store: Store, calls: list[tuple[str, str]]) -> None:
     """Each call is READY with exactly its three events, which re-fold into its record."""
     for run_id, call_id in calls:
@@ -95,11 +153,9 @@ async def assert_feed_and_progress_once(
         (f[b"r"], f[b"c"], f[b"v"]) for _, f in await client.xrange(feed)
     )
     assert set(per_event.values()) == {1} and len(per_event) == 3 * len(calls)
-    assert (await client.xpending(feed, "receipts"))["pending"] == 0
-    calls_of: dict[str, list[str]] = collections.defaultdict(list)
-    for run_id, call_id in calls:
-        calls_of[run_id].append(call_id)
-    for run_id, call_ids in calls_of.items():
+    for group in ("receipts", "progress"):
+        assert (await client.xpending(feed, group))["pending"] == 0, group
+    for run_id, call_ids in calls_by_run(calls).items():
         progress = await client.lrange(store.keys.progress(run_id), 0, -1)
         assert sorted(progress) == sorted(f"{run_id}:{c}".encode() for c in call_ids)
         info = await store.run_info(run_id)
@@ -109,26 +165,36 @@ async def assert_feed_and_progress_once(
 async def verify_primary(capsys: pytest.CaptureFixture[str], node: ClusterNode, ns: str) -> Any:
     """Run ``canon verify --json`` against one primary; return its exit code and summary."""
     capsys.readouterr()
-    argv = ["verify", "--redis-url", node.url, "--namespace", ns, "--shards", "16", "--json"]
-    code = await asyncio.to_thread(main, [*argv, "--no-progress"])
+    argv = ["verify", "--redis-url", node.url, "--namespace", ns, "--shards", str(SHARDS)]
+    code = await asyncio.to_thread(main, [*argv, "--json", "--no-progress"])
     lines = [json.loads(line) for line in capsys.readouterr().out.splitlines() if line]
     return code, next(line for line in lines if line["kind"] == "summary"), lines
 
 
 async def test_live_slot_migration_loses_and_duplicates_nothing(
     make_store: Any, redis_cluster: LocalCluster, namespace: str, capsys: pytest.CaptureFixture[str]
-):
-    """A slot holding four busy runs moves to another master (SETSLOT/MIGRATE in small
-    batches) while 12 invocation loops, a reader and a receipt worker run: every call is
-    READY (no STORE_UNAVAILABLE), each record has exactly its three events, one feed entry
-    per event, one progress identity per call; the worker catches up with nothing pending,
-    and ``canon verify`` is clean on every primary."""
-    store: Store = make_store()
+) -> None:
+    """``redis-cli --cluster reshard`` moves the slot of four busy runs to another master
+    while 12 invocation loops, a reader, a receipt worker and a progress worker run: every
+    call is READY (no STORE_UNAVAILABLE), each record has exactly its three events, one
+    feed entry per event, one progress identity per call; both workers catch up with
+    nothing pending, the progress views count every call once, and ``canon verify`` is
+    clean on every primary."""
+    store: Store = make_store(shards=SHARDS)
     await store.check_namespace()
-    shard = quietest_shard(store, redis_cluster)
+    shard, below = nearest_shard(store, redis_cluster)
     slot = redis_cluster.keyslot(store.keys.feed(shard))
     source = redis_cluster.node_of_slot(slot)
     target = next(node for node in redis_cluster.nodes if node is not source)
+    if below:  # idle slots ahead of the busy one, moved before any load
+        assert await redis_cluster.reshard(source, target, len(below)) == below
+        await redis_cluster.wait_owner(below[-1], target)
+        # A stale client meets its MOVED now, not during the load, should the namespace's
+        # untagged metadata key have been in one of those slots.
+        await store.check_namespace()
+    assert redis_cluster.slots_of(source)[0] == slot
+    filler = [f"{namespace}-filler:{{s{shard:02d}}}:{i}" for i in range(FILLER)]
+    source.command("MSET", *(part for key in filler for part in (key, "x")))
     runs = runs_in_shard(shard, store.keys.shards, RUNS)
     for run_id in runs:
         await store.open_run(run_id, deadline=timedelta(minutes=5))
@@ -141,8 +207,11 @@ async def test_live_slot_migration_loses_and_duplicates_nothing(
         outcomes[(run_id, call_id)] = outcome(reply)
 
     await asyncio.gather(*(invoke(r, f"pre-{i}") for r in runs for i in range(PREFILL)))
-    worker = ReceiptWorker(make_store(), consumer="mover", block_ms=200)
-    worker_task = asyncio.create_task(worker.run())
+    workers = (
+        ReceiptWorker(make_store(shards=SHARDS), consumer="mover", block_ms=200),
+        ProgressWorker(make_store(shards=SHARDS), consumer="mover", block_ms=200),
+    )
+    worker_tasks = [asyncio.create_task(worker.run()) for worker in workers]
     moved = asyncio.Event()
 
     async def lane(run_id: str, lane_no: int) -> None:
@@ -161,32 +230,38 @@ async def test_live_slot_migration_loses_and_duplicates_nothing(
                 assert record.state.status is Status.READY
             await asyncio.sleep(0)
 
-    async def move() -> int:
+    async def move() -> tuple[list[int], int]:
         await asyncio.sleep(0.05)
-        keys = await redis_cluster.migrate_slot(slot, target, batch=5, pause_s=0.003)
+        keys = int(source.command("CLUSTER", "COUNTKEYSINSLOT", slot))
+        slots = await redis_cluster.reshard(source, target, 1, pipeline=PIPELINE)
         moved.set()
-        return keys
+        return slots, keys
 
     before = redirects(redis_cluster)
-    *_, keys_moved = await asyncio.gather(
-        *(lane(r, n) for r in runs for n in range(LANES)), reader(), move()
-    )
+    done = await asyncio.gather(*(lane(r, n) for r in runs for n in range(LANES)), reader(), move())
+    slots_moved, keys_in_slot = cast(tuple[list[int], int], done[-1])
     seen = redirects(redis_cluster) - before
-    # The worker that lived through the move catches up on its own.
+    # The workers that lived through the move catch up on their own.
     await wait_receipts_current(store, list(outcomes), timeout_s=10)
-    worker.stop()
-    await worker_task
+    await wait_views_current(store, list(outcomes), timeout_s=10)
+    for worker in workers:
+        worker.stop()
+    await asyncio.gather(*worker_tasks)
 
+    assert slots_moved == [slot]
     await redis_cluster.wait_owner(slot, target)
-    assert keys_moved > 0
-    assert seen["ASK"] + seen["TRYAGAIN"] > 0, seen  # the load met the migration
-    assert seen["MOVED"] > 0, seen  # and the old owner afterwards
+    assert keys_in_slot > FILLER and int(source.command("CLUSTER", "COUNTKEYSINSLOT", slot)) == 0
+    # Only the busy slot moved while the load ran, so these replies are the move's.
+    assert seen["ASK"] + seen["TRYAGAIN"] > 0, seen  # the load met the slot migrating
+    assert seen["MOVED"] > 0, seen  # and its old owner afterwards
     assert collections.Counter(outcomes.values()) == {"READY": len(outcomes)}
     assert tool.executed == len(outcomes) > RUNS * (PREFILL + LANES * AFTER_MOVE)
     await assert_journals_intact(store, list(outcomes))
     await assert_feed_and_progress_once(store, shard, list(outcomes))
+    await assert_views_count_each_call_once(store, list(outcomes), workers[1])
     for node in redis_cluster.nodes:
         code, summary, lines = await verify_primary(capsys, node, namespace)
         assert code == 0 and summary["problems"] == 0, lines
         expected = len(outcomes) if node is target else 0
         assert summary["invocations"] == expected
+    assert await store.client.delete(*filler) == FILLER
