@@ -12,7 +12,7 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
 ``{ns}:{sNN}:inv:<run>:<call>:ev``  stream create.lua, append.lua   same instant as record
 ``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
-``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age (MINID)
+``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age, watermark-safe
 ``{ns}:{sNN}:receipt:<invocation>`` hash   receipt worker           the record's expiry
 ``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
 ``{ns}:{sNN}:pos:<group>``          hash   projection workers       none (per-shard cursor)

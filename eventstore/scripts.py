@@ -18,6 +18,7 @@ from machine.fold import LIFECYCLE_FIELDS
 from machine.lifecycle import lua_tables
 
 _MARKER: Final = "-- @lifecycle-tables"
+_FEED_TRIM_MARKER: Final = "-- @feed-trim"
 #: Fields only the scripts themselves may write.
 _PROTECTED: Final = sorted(
     (LIFECYCLE_FIELDS - {"evidence_status"}) | {"expires_at_ms", "invocation_id"}
@@ -28,8 +29,16 @@ ScriptReply = list[Any]
 
 @cache
 def script_source(name: str) -> str:
-    """Return the source of ``<name>.lua`` with the generated lifecycle tables and constants."""
-    text = resources.files("eventstore").joinpath(f"scripts/{name}.lua").read_text("utf-8")
+    """Return the source of ``<name>.lua`` with the generated lifecycle tables and constants.
+
+    ``-- @feed-trim`` is replaced by ``feed_trim.lua`` (the feed trimming both write
+    scripts share).
+    """
+    folder = resources.files("eventstore").joinpath("scripts")
+    text = folder.joinpath(f"{name}.lua").read_text("utf-8")
+    if _FEED_TRIM_MARKER in text:
+        trim = folder.joinpath("feed_trim.lua").read_text("utf-8")
+        text = text.replace(_FEED_TRIM_MARKER, trim, 1)
     if _MARKER in text:
         protected = ", ".join(f'["{field}"] = true' for field in _PROTECTED)
         generated = (

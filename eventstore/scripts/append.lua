@@ -4,7 +4,7 @@
 -- can become immortal), a retried event id is answered as applied, the expected version,
 -- the hash chain, the lifecycle transition and the evidence rule. Then folds the event
 -- into the record, appends it to the stream (field e only, as create.lua does) and one
--- entry to the shard feed. A terminal event also appends the call's identity to the run's
+-- entry to the shard feed, which it trims by age (feed_trim.lua). A terminal event also appends the call's identity to the run's
 -- progress list. No TTL is touched except the progress list's, set once when that list
 -- is created.
 --
@@ -22,6 +22,7 @@
 --        VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION, INVALID_EVIDENCE_STATUS,
 --        MISSING_ERROR_CODE, PROTECTED_FIELD
 -- @lifecycle-tables
+-- @feed-trim
 
 local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_type, version, event_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
@@ -81,6 +82,7 @@ end
 
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
-local feed_id = redis.call('XADD', feed, 'MINID', '~', math.max(0, now_ms - retention_ms), '*',
+local feed_id = redis.call('XADD', feed, '*',
   'r', run_id, 'c', tool_call_id, 'v', version, 't', event_type, 's', STATUS_OF[dest])
+trim_feed(feed, now_ms, retention_ms)
 return {'ok', version, feed_id, tonumber(rec[4])}

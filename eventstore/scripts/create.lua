@@ -3,7 +3,8 @@
 -- Reserves the run and tool budgets, records the invocation in its run, writes the
 -- canonical record with the complete request, sets ONE absolute expiry on record and
 -- stream (the only place a TTL is ever set on them), appends the event to the stream and
--- one small entry to the shard feed (the outbox). The stream entry holds the encoded
+-- one small entry to the shard feed (the outbox), which it trims by age (feed_trim.lua,
+-- never past an entry a consumer group still needs). The stream entry holds the encoded
 -- event only (field e): its hash becomes the record's last_hash and the next event's
 -- previous hash, so storing it beside the event again would add nothing.
 --
@@ -22,6 +23,7 @@
 --        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED,
 --        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
 -- @lifecycle-tables
+-- @feed-trim
 
 local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_id, event_hash, event_data = ARGV[1], ARGV[2], ARGV[3]
@@ -84,6 +86,7 @@ redis.call('PEXPIREAT', record, expires_at_ms)
 redis.call('XADD', stream, '*', 'e', event_data)
 redis.call('PEXPIREAT', stream, expires_at_ms)
 
-local feed_id = redis.call('XADD', feed, 'MINID', '~', math.max(0, now_ms - retention_ms), '*',
+local feed_id = redis.call('XADD', feed, '*',
   'r', run_id, 'c', tool_call_id, 'v', 1, 't', 'Preflighted', 's', STATUS_OF[stage])
+trim_feed(feed, now_ms, retention_ms)
 return {'ok', 1, feed_id, expires_at_ms}

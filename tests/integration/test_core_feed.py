@@ -1,10 +1,12 @@
-"""The shard feed is trimmed by age on every write, and never below the record TTL.
+"""The shard feed is trimmed by age by the writes, never below the record TTL, and never
+past an entry some consumer group has not settled.
 
 Age is simulated without waiting: entries are written straight into the feed with
 explicit stream ids (a stream id starts with its creation time in ms), some older than
 the retention, some older than the TTL but within the grace period, some younger than
-the TTL. The next write's ``XADD ... MINID ~`` then trims. ``~`` removes only whole
-stream nodes, so one node straddling the horizon may keep a few old entries.
+the TTL. The next write then trims (``feed_trim.lua``), once the oldest entry is a
+minute past the retention. ``XTRIM MINID ~`` removes only whole stream nodes, so one
+node straddling the horizon may keep a few old entries.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ async def test_a_write_trims_entries_past_retention_and_keeps_younger_ones(
     # Stream ids only grow: clear the feed so older ids can be written again.
     await redis.delete(feed)
     now = await server_now_ms(redis)
-    expired = now - store.feed_retention_ms - MINUTE_MS
+    expired = now - store.feed_retention_ms - 5 * MINUTE_MS
     in_grace = now - store.ttl_ms - 30 * MINUTE_MS
     live = now - store.ttl_ms + MINUTE_MS
     for at_ms in (expired, in_grace, live):
@@ -128,3 +130,71 @@ async def test_entries_younger_than_the_retention_are_never_trimmed(
     left = await ages_left(redis, feed)
     assert left.count(oldest_kept) == PER_GROUP
     assert len(left) == PER_GROUP + 5
+
+
+async def seed_past_retention(store: Store, redis: Redis, count: int) -> tuple[str, list[str]]:
+    """Open the run and fill its feed with ``count`` entries ten minutes past retention."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    feed = store.keys.feed_of(RUN)
+    expired = await server_now_ms(redis) - store.feed_retention_ms - 10 * MINUTE_MS
+    await seed(redis, feed, expired, count)
+    return feed, [f"{expired}-{seq}" for seq in range(count)]
+
+
+async def ids_left(redis: Redis, feed: str) -> list[str]:
+    entries = cast(list[tuple[bytes, dict[bytes, bytes]]], await redis.xrange(feed))
+    return [entry_id.decode() for entry_id, _ in entries]
+
+
+async def test_trimming_waits_until_the_oldest_entry_is_a_minute_past_the_retention(
+    store: Store, redis: Redis
+) -> None:
+    """Entries just past the retention stay until they are a minute past it: the groups
+    are read about once a minute on a busy feed, not on every write."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    feed = store.keys.feed_of(RUN)
+    recent_past = await server_now_ms(redis) - store.feed_retention_ms - 30_000
+    await seed(redis, feed, recent_past, PER_GROUP)
+    await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    assert (await ages_left(redis, feed)).count(recent_past) == PER_GROUP
+
+
+async def test_an_entry_pending_in_a_group_is_never_trimmed(store: Store, redis: Redis) -> None:
+    """Entries delivered to a group but not acknowledged outlive the retention; what is
+    older than the oldest of them is trimmed."""
+    feed, seeded = await seed_past_retention(store, redis, PER_GROUP)
+    await redis.xgroup_create(feed, "receipts", id="0")
+    await redis.xreadgroup("receipts", "w", {feed: ">"}, count=PER_GROUP)
+    await redis.xack(feed, "receipts", *seeded[:200])
+
+    await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+
+    left = await ids_left(redis, feed)
+    assert set(seeded[200:]) <= set(left)
+    assert len(left) < PER_GROUP  # the settled entries of whole nodes went
+
+
+async def test_an_entry_not_yet_delivered_to_a_group_is_never_trimmed(
+    store: Store, redis: Redis
+) -> None:
+    """A group that has read only part of the feed keeps the rest, however old; the group
+    furthest behind decides, whatever the others have settled."""
+    feed, seeded = await seed_past_retention(store, redis, PER_GROUP)
+    await redis.xgroup_create(feed, "progress", id="$")  # caught up, nothing pending
+    await redis.xgroup_create(feed, "receipts", id=seeded[149])  # read up to entry 149
+
+    await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+
+    left = await ids_left(redis, feed)
+    assert set(seeded[150:]) <= set(left)
+    assert len(left) < PER_GROUP
+
+
+async def test_a_new_group_that_has_read_nothing_keeps_every_entry(
+    store: Store, redis: Redis
+) -> None:
+    """A group created from the start of the feed needs every entry: none is trimmed."""
+    feed, seeded = await seed_past_retention(store, redis, PER_GROUP)
+    await redis.xgroup_create(feed, "receipts", id="0")
+    await store.writer.create(RUN, "call-1", TOOL, REQUEST)
+    assert (await ids_left(redis, feed))[:PER_GROUP] == seeded

@@ -163,6 +163,34 @@ async def test_writer_runs_the_boundary_end_to_end(server: EmbeddedRedis, admin:
         await store.aclose()
 
 
+async def test_writer_trims_old_feed_entries_without_a_denial(
+    server: EmbeddedRedis, admin: Redis
+) -> None:
+    """A write that finds feed entries past the retention reads where the groups stand and
+    trims, all within the writer's rules; the entries a group has not settled stay."""
+    async with Store.from_url(url_of(server, "canon-writer"), shards=4) as store:
+        await store.open_run(RUN, deadline=timedelta(minutes=5))
+        feed = store.keys.feed_of(RUN)
+        seconds, _ = await admin.time()
+        old_ms = int(seconds) * 1000 - store.feed_retention_ms - 10 * 60_000
+        for seq in range(300):
+            await admin.xadd(feed, {"r": "old"}, f"{old_ms}-{seq}")
+        await admin.xgroup_create(feed, "receipts", id="0")
+        delivered = await admin.xreadgroup("receipts", "c", {feed: ">"}, count=300)
+        ids = [entry_id for entry_id, _ in delivered[0][1]]
+        await admin.xack(feed, "receipts", *ids[:200])
+
+        reply = await ToolBoundary(store, {TOOL: FakeTool().spec()}).invoke(
+            RunContext(RUN), envelope("c1")
+        )
+
+        assert outcome(reply) == "READY"
+        assert await denials(admin) == []
+        left = [entry_id for entry_id, _ in await admin.xrange(feed)]
+        assert set(ids[200:]) <= set(left)
+        assert len(left) < 300
+
+
 async def test_workers_project_every_event(server: EmbeddedRedis, admin: Redis) -> None:
     """The workers user builds every receipt and the run's view without a denial, and is
     refused admin commands, foreign keys and running the writer's EVAL."""
