@@ -71,6 +71,8 @@ def paths(runs: dict[str, Any]) -> st.SearchStrategy[str]:
             lambda pair: f"/v1/invocations/{pair[0]}/receipt/../../{pair[1]}/receipt"
         ),
         st.sampled_from(ids).map(lambda i: f"/v1/invocations/{quote(i)}/%72eceipt"),
+        st.sampled_from(ids).map(lambda i: f"/v1/invocations/{i[:32]}\n{i[32:]}/receipt"),
+        st.sampled_from(ids).map(lambda i: f"/v1/invocations/{i}\r\n/receipt"),
         st.text(max_size=60).map(lambda text: "/" + text),
         st.just("/v1/invocations/" + "a" * 10_000 + "/receipt"),
     )

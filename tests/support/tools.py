@@ -25,10 +25,13 @@ class FakeTool:
     project: Callable[[Any, ToolCall], Any] | None = None
     executed: int = 0
     projected: int = 0
+    #: Every ToolCall the executor and the projector were handed, in order.
+    calls: list[ToolCall] = field(default_factory=list)
 
     async def executor(self, arguments: dict[str, Any], call: ToolCall) -> Any:
         """Return the configured raw response (or raise)."""
         self.executed += 1
+        self.calls.append(call)
         if self.raise_in_executor is not None:
             raise self.raise_in_executor
         return self.raw
@@ -36,6 +39,7 @@ class FakeTool:
     def projector(self, raw: Any, call: ToolCall) -> Any:
         """Return the configured projection (or raise)."""
         self.projected += 1
+        self.calls.append(call)
         if self.raise_in_projector is not None:
             raise self.raise_in_projector
         if self.project is not None:
