@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final, Self
 
 from eventstore.store import Store
 from eventstore.writer import now_ms
-from projections.feed import Outcome
+from projections.feed import FeedEntry, Outcome
 from projections.generations import group_name
 from projections.scripts import ProjectionScripts
 
@@ -42,6 +42,20 @@ class BaseProjection:
     def position_key(self, shard: int) -> str:
         """This projection's position hash in ``shard``."""
         return self.store.keys.position(shard, self._name)
+
+    def shard_keys(self, entries: Sequence[FeedEntry]) -> tuple[dict[int, int], list[str]]:
+        """Number the shards of a batch 1, 2, ... and list their position and feed keys.
+
+        The keys open a batch script's KEYS (shard s: ``KEYS[2s - 1]``, ``KEYS[2s]``);
+        an entry names its shard by number in ARGV.
+        """
+        numbers: dict[int, int] = {}
+        keys: list[str] = []
+        for entry in entries:
+            if entry.shard not in numbers:
+                numbers[entry.shard] = len(numbers) + 1
+                keys += [self.position_key(entry.shard), self.store.keys.feed(entry.shard)]
+        return numbers, keys
 
     async def settle(self, shard: int, entry_id: str, counter: str) -> Outcome:
         """Acknowledge an entry that yields no output, counting it under ``counter``.

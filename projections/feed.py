@@ -133,9 +133,13 @@ class Projection(Protocol):
 
 @runtime_checkable
 class BatchProjection(Protocol):
-    """A projection that can also settle a whole batch of one shard's entries at once."""
+    """A projection that can also settle a whole batch of entries at once.
 
-    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
+    A batch may hold entries of several shards of one server; on a cluster, of one shard
+    (one script's keys must share a slot).
+    """
+
+    async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
         """Project and settle ``entries``; return each one's outcome, in order.
 
         Raises on any failure, leaving it to the caller to settle the entries one by one

@@ -10,7 +10,7 @@ from __future__ import annotations
 import asyncio
 from collections import Counter
 from collections.abc import Callable, Mapping
-from typing import Final
+from typing import Final, cast
 
 import structlog
 
@@ -37,13 +37,24 @@ class EntryHandler:
         metrics: Metrics | None = None,
         concurrency: int = 16,
     ) -> None:
-        self.projection = projection
+        self.projection = projection  # the property below
         self._slots = asyncio.Semaphore(concurrency)
         self.max_deliveries = max_deliveries
         self.throttle_ms = throttle_ms
         self.metrics = metrics
         self.counters: Counter[str] = Counter()
         self._errors: dict[str, str] = {}
+
+    @property
+    def projection(self) -> Projection:
+        """What entries are applied to (a worker moves it to a rebuilt generation)."""
+        return self._projection
+
+    @projection.setter
+    def projection(self, projection: Projection) -> None:
+        self._projection = projection
+        # Checked once: isinstance against a runtime protocol walks its members each time.
+        self._batches = isinstance(projection, BatchProjection)
 
     @property
     def name(self) -> str:
@@ -53,24 +64,35 @@ class EntryHandler:
     async def handle_all(
         self, shard: int, entries: list[Entry], deliveries: Mapping[str, int]
     ) -> None:
-        """Settle a batch; ``deliveries`` gives known delivery counts (default 1).
+        """Settle a batch of one shard; ``deliveries`` gives known delivery counts (default 1)."""
+        await self.handle_read({shard: entries}, deliveries)
 
-        Entries of one invocation are settled in feed order; different invocations are
-        settled concurrently, at most ``concurrency`` entries at a time per handler. Each
-        write is version-guarded and settles its own entry, so the order across
-        invocations does not matter.
+    async def handle_read(
+        self, read: Mapping[int, list[Entry]], deliveries: Mapping[str, int] | None = None
+    ) -> None:
+        """Settle what one read delivered, by shard (several shards of one server at once).
+
+        A batch projection settles the well-formed entries in one step; what is left is
+        settled one by one. Entries of one invocation are settled in feed order;
+        different invocations concurrently, at most ``concurrency`` entries at a time per
+        handler. Each write is version-guarded and settles its own entry, so the order
+        across invocations does not matter. ``deliveries`` (by entry id) is only given
+        for a read of one shard, where entry ids are unique.
         """
+        deliveries = deliveries or {}
         # A batch is always finished, even after stop(): its entries are then acked.
-        if isinstance(self.projection, BatchProjection) and not self.throttle_ms:
-            entries = await self._apply_batch(self.projection, shard, entries, deliveries)
-        lanes: dict[object, list[Entry]] = {}
-        for entry in entries:
-            fields = entry[1]
-            lane = (fields.get(b"r"), fields.get(b"c")) if fields else entry[0]
-            lanes.setdefault(lane, []).append(entry)
+        rest = read
+        if self._batches and not self.throttle_ms:
+            rest = await self._apply_batch(cast(BatchProjection, self.projection), read, deliveries)
+        lanes: dict[object, list[tuple[int, Entry]]] = {}
+        for shard, entries in rest.items():
+            for entry in entries:
+                fields = entry[1]
+                lane = (fields.get(b"r"), fields.get(b"c")) if fields else (shard, entry[0])
+                lanes.setdefault(lane, []).append((shard, entry))
 
-        async def settle_lane(lane: list[Entry]) -> None:
-            for entry_id, fields in lane:
+        async def settle_lane(lane: list[tuple[int, Entry]]) -> None:
+            for shard, (entry_id, fields) in lane:
                 async with self._slots:
                     await self.handle(shard, entry_id, fields, deliveries.get(entry_id, 1))
 
@@ -79,34 +101,34 @@ class EntryHandler:
     async def _apply_batch(
         self,
         projection: BatchProjection,
-        shard: int,
-        entries: list[Entry],
+        read: Mapping[int, list[Entry]],
         deliveries: Mapping[str, int],
-    ) -> list[Entry]:
-        """Settle the well-formed entries of a batch in one step; return the rest.
+    ) -> Mapping[int, list[Entry]]:
+        """Settle the well-formed entries of a read in one step; return the rest by shard.
 
         Entries that are gone, malformed or due for the dead letters are returned to be
-        settled one by one, and so is the whole batch when the batch step fails: a bad
+        settled one by one, and so is the whole read when the batch step fails: a bad
         entry then fails alone, with its own delivery count.
         """
         parsed: list[FeedEntry] = []
-        rest: list[Entry] = []
-        for entry_id, fields in entries:
-            if fields and deliveries.get(entry_id, 1) <= self.max_deliveries:
-                try:
-                    parsed.append(FeedEntry.parse(shard, entry_id, fields))
-                    continue
-                except MalformedEntry:
-                    pass
-            rest.append((entry_id, fields))
+        rest: dict[int, list[Entry]] = {}
+        for shard, entries in read.items():
+            for entry_id, fields in entries:
+                if fields and deliveries.get(entry_id, 1) <= self.max_deliveries:
+                    try:
+                        parsed.append(FeedEntry.parse(shard, entry_id, fields))
+                        continue
+                    except MalformedEntry:
+                        pass
+                rest.setdefault(shard, []).append((entry_id, fields))
         if not parsed:
             return rest
         try:
-            outcomes = await projection.apply_batch(shard, parsed)
+            outcomes = await projection.apply_batch(parsed)
         except Exception as exc:
             # Settled one by one next: a failing entry is then counted and kept on its own.
             log.info("batch_retried_singly", projection=self.name, error=type(exc).__name__)
-            return entries
+            return read
         for entry, outcome in zip(parsed, outcomes, strict=True):
             self._count(outcome)
             self._errors.pop(entry.entry_id, None)

@@ -75,15 +75,15 @@ class ProgressProjection(BaseProjection):
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Count the invocation's current status; recompute the facts when it finished."""
-        return (await self.apply_batch(entry.shard, [entry]))[0]
+        return (await self.apply_batch([entry]))[0]
 
     async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
         """Count the record as it is now, settling no feed entry (rebuilds)."""
         shard = shard_of(run_id, self.store.keys.shards)
-        return (await self.apply_batch(shard, [unsettled_entry(shard, run_id, tool_call_id)]))[0]
+        return (await self.apply_batch([unsettled_entry(shard, run_id, tool_call_id)]))[0]
 
-    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
-        """Fold a batch of one shard's entries into the views in one read and one script.
+    async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        """Fold a batch of entries into the views in one read and one script.
 
         Per invocation, the record as it is now is counted with the entry of the highest
         version; the others carry nothing newer and are settled as stale with it. A run
@@ -114,31 +114,35 @@ class ProgressProjection(BaseProjection):
         for run_id, index in finished_runs.items():
             scan = await self._facts(run_id)
             facts[index] = (_encoder.encode(scan.facts), scan.position)
-        script_keys = [self.position_key(shard), keys.feed(shard)]
-        args: list[str | int | bytes] = [self.name, now_ms(), len(items)]
+        numbers, script_keys = self.shard_keys(entries)
+        args: list[str | int | bytes] = [self.name, now_ms(), len(numbers), len(items)]
         for index, (entry, (status, evidence, version, updated)) in enumerate(items):
             script_keys += [keys.run_view(entry.run_id, self.generation), keys.run(entry.run_id)]
             run_facts, covered = facts.get(index, (b"", 0))
-            args += [entry.entry_id, entry.tool_call_id, int(version), status, evidence]
-            args += [int(updated), run_facts, covered]
-        counted = {entry.entry_id for entry, _ in items}
-        rest = [entry for entry in entries if entry.entry_id not in counted and entry.entry_id]
-        for entry in rest:
-            gone = (entry.run_id, entry.tool_call_id) in expired
-            args += [entry.entry_id, Outcome.EXPIRED.value if gone else Outcome.STALE.value]
+            args += [numbers[entry.shard], entry.entry_id, entry.tool_call_id, int(version)]
+            args += [status, evidence, int(updated), run_facts, covered]
+        counted = {(entry.shard, entry.entry_id) for entry, _ in items}
+        rest = [e for e in entries if e.entry_id and (e.shard, e.entry_id) not in counted]
+        counters = [
+            Outcome.EXPIRED if (e.run_id, e.tool_call_id) in expired else Outcome.STALE
+            for e in rest
+        ]
+        for entry, counter in zip(rest, counters, strict=True):
+            args += [numbers[entry.shard], entry.entry_id, counter.value]
         replies = await self.scripts.views_put(script_keys, args)
         outcomes = {
-            entry.entry_id: Outcome(outcome)
+            (entry.shard, entry.entry_id): Outcome(outcome)
             for (entry, _), (outcome, _) in zip(items, replies, strict=False)
         }
-        for entry, (outcome, _) in zip(rest, replies[len(items) :], strict=True):
-            gone = (entry.run_id, entry.tool_call_id) in expired
-            settled_as = Outcome.EXPIRED if gone else Outcome.STALE
-            outcomes[entry.entry_id] = Outcome.DUPLICATE if outcome == "duplicate" else settled_as
+        for entry, counter, (outcome, _) in zip(rest, counters, replies[len(items) :], strict=True):
+            outcomes[(entry.shard, entry.entry_id)] = (
+                Outcome.DUPLICATE if outcome == "duplicate" else counter
+            )
         for entry in entries:
-            if not entry.entry_id and (entry.run_id, entry.tool_call_id) in expired:
-                outcomes[""] = Outcome.EXPIRED  # a rebuild's record that is gone
-        return [outcomes[entry.entry_id] for entry in entries]
+            if not entry.entry_id:
+                # A rebuild's record that is gone settles nothing and writes nothing.
+                outcomes.setdefault((entry.shard, ""), Outcome.EXPIRED)
+        return [outcomes[(entry.shard, entry.entry_id)] for entry in entries]
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the invocation version the run's view reflects (0 when none)."""

@@ -5,10 +5,11 @@ as a hash (``version``, ``receipt`` JSON, ``updated_at_ms``). It expires with it
 script copies the record's absolute expiry once, when it creates the receipt. It is
 versioned by the record's version, so a late or repeated feed entry never regresses it.
 
-A delivered batch of one shard is settled in two round trips: one script reads the
-records and streams of its invocations, and one script stores the newest receipt of each
-and settles every entry (the older entries of an invocation as stale). If that fails,
-the entries are settled one by one, so a bad entry fails alone.
+A delivered batch (the entries of every shard read together) is settled in two round
+trips: one script reads the records and streams of its invocations, and one script
+stores the newest receipt of each and settles every entry (the older entries of an
+invocation as stale). If that fails, the entries are settled one by one, so a bad entry
+fails alone.
 """
 
 from __future__ import annotations
@@ -61,15 +62,15 @@ class ReceiptProjection(BaseProjection):
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         """Rebuild the entry's receipt from the record as it is now; store it if newer."""
-        return (await self.apply_batch(entry.shard, [entry]))[0]
+        return (await self.apply_batch([entry]))[0]
 
     async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
         """Store the receipt of the record as it is now, settling no feed entry (rebuilds)."""
         shard = shard_of(run_id, self.store.keys.shards)
-        return (await self.apply_batch(shard, [unsettled_entry(shard, run_id, tool_call_id)]))[0]
+        return (await self.apply_batch([unsettled_entry(shard, run_id, tool_call_id)]))[0]
 
-    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
-        """Settle a batch of one shard's entries in one read and one script call.
+    async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        """Settle a batch of entries in one read and one script call.
 
         Per invocation only the entry of the highest version is built, from the record
         as it is now; the others carry nothing newer and are settled as stale with it.
@@ -86,7 +87,7 @@ class ReceiptProjection(BaseProjection):
             if entry.version > self._stored.get(invocation, 0) or not entry.entry_id
         ]
         snapshots = await self._read(build)
-        keys = [self.position_key(shard), self.store.keys.feed(shard)]
+        numbers, keys = self.shard_keys(entries)
         receipts: list[str | int | bytes] = []
         built: list[FeedEntry] = []
         expired: set[tuple[str, str]] = set()
@@ -99,29 +100,33 @@ class ReceiptProjection(BaseProjection):
                 self.store.keys.record(entry.run_id, entry.tool_call_id),
             ]
             body = encode_receipt(receipt_of(self.store, snapshot))
-            receipts += [entry.entry_id, snapshot.version, body]
+            receipts += [numbers[entry.shard], entry.entry_id, snapshot.version, body]
             built.append(entry)
-        built_ids = {entry.entry_id for entry in built}
-        rest: list[str | int | bytes] = []
-        for entry in entries:
-            if entry.entry_id not in built_ids and entry.entry_id:
-                gone = (entry.run_id, entry.tool_call_id) in expired
-                rest += [entry.entry_id, Outcome.EXPIRED.value if gone else Outcome.STALE.value]
+        built_ids = {(entry.shard, entry.entry_id) for entry in built}
+        rest = [e for e in entries if e.entry_id and (e.shard, e.entry_id) not in built_ids]
+        counters = [
+            Outcome.EXPIRED if (e.run_id, e.tool_call_id) in expired else Outcome.STALE
+            for e in rest
+        ]
+        for entry, counter in zip(rest, counters, strict=True):
+            receipts += [numbers[entry.shard], entry.entry_id, counter.value]
         replies = await self.scripts.receipts_put(
-            keys, [self.name, now_ms(), len(built), *receipts, *rest]
+            keys, [self.name, now_ms(), len(numbers), len(built), *receipts]
         )
-        outcomes: dict[str, Outcome] = {}
+        outcomes: dict[tuple[int, str], Outcome] = {}
         for entry, (outcome, version) in zip(built, replies, strict=False):
             if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and version.isdigit():
                 self._remember((entry.run_id, entry.tool_call_id), int(version))
-            outcomes[entry.entry_id] = Outcome(outcome)
-        for index, (outcome, _) in enumerate(replies[len(built) :]):
-            entry_id = str(rest[2 * index])
-            counter = str(rest[2 * index + 1])
-            outcomes[entry_id] = Outcome.DUPLICATE if outcome == "duplicate" else Outcome(counter)
-        if any(not entry.entry_id for entry in entries) and "" not in built_ids:
-            outcomes[""] = Outcome.EXPIRED  # a rebuild's record that is gone
-        return [outcomes[entry.entry_id] for entry in entries]
+            outcomes[(entry.shard, entry.entry_id)] = Outcome(outcome)
+        for entry, counter, (outcome, _) in zip(rest, counters, replies[len(built) :], strict=True):
+            outcomes[(entry.shard, entry.entry_id)] = (
+                Outcome.DUPLICATE if outcome == "duplicate" else counter
+            )
+        for entry in entries:
+            if not entry.entry_id:
+                # A rebuild's record that is gone settles nothing and writes nothing.
+                outcomes.setdefault((entry.shard, ""), Outcome.EXPIRED)
+        return [outcomes[(entry.shard, entry.entry_id)] for entry in entries]
 
     async def _read(self, entries: Sequence[FeedEntry]) -> list[Snapshot]:
         """The snapshots of the entries' invocations, read by one script call."""

@@ -1,9 +1,11 @@
 """The worker runtime: one consumer of one projection's group on every shard feed it owns.
 
-Per shard, a worker first drains its own pending entries (left by an earlier run under
+A worker first drains its own pending entries on each shard (left by an earlier run under
 the same consumer name), then loops: take over entries idle longer than ``min_idle_ms``
 (XAUTOCLAIM; a crashed consumer's work), read new entries (XREADGROUP ``>`` with BLOCK).
-Each shard is read on its own, so the worker also runs against a Redis Cluster. The
+On one server a single XREADGROUP covers every feed it owns, and what it delivers is
+settled as one batch (one read script, one write script); on a Redis Cluster, where one
+command cannot span the feeds' slots, each shard is read and settled on its own. The
 projection acknowledges an entry in the same script that writes its output; an entry
 whose projection raises stays pending and comes back, until its delivery count passes
 ``max_deliveries`` and it is moved to the shard's dead-letter stream.
@@ -283,7 +285,7 @@ class Worker:
                 await self._pause(_RETRY_PAUSE_S)
 
     async def _read_lane(self, lane: tuple[int, ...], client: Redis, *, block_ms: int) -> None:
-        """Read new entries of the lane's feeds with one XREADGROUP and settle them."""
+        """Read new entries of the lane's feeds with one XREADGROUP and settle them together."""
         if len(lane) == 1:
             await self._read_new(lane[0], client, block_ms=block_ms)
             return
@@ -302,14 +304,7 @@ class Worker:
                 if not self._leave.is_set():
                     await self._group_missing(shard)
             return
-        outcomes = await asyncio.gather(
-            *(self.handler.handle_all(feeds[feed], entries, {}) for feed, entries in read.items()),
-            return_exceptions=True,
-        )
-        # Every shard's batch is finished before a failure is reported.
-        for outcome in outcomes:
-            if isinstance(outcome, BaseException):
-                raise outcome
+        await self.handler.handle_read({feeds[feed]: entries for feed, entries in read.items()})
 
     async def _pause(self, seconds: float) -> None:
         try:

@@ -24,6 +24,7 @@ from typing import Any
 
 from canon.bench.throughput import percentile
 from canon.bench.workload import TOOL, Payloads, tool_call_id_for
+from canon.commands.workers import freeze_startup_heap
 from canon.logs import configure_logging
 from eventstore.store import Store
 from eventstore.writer import Head, now_ms
@@ -191,6 +192,7 @@ def main(argv: Sequence[str]) -> int:
     """Run the lag benchmark's worker: ``argv`` is URL, namespace, shard count."""
     url, namespace, shards = argv
     configure_logging(json=True, level="INFO")
+    freeze_startup_heap()  # as canon workers does
     asyncio.run(_consume(url, namespace, int(shards)))
     return 0
 

@@ -27,13 +27,15 @@ local function advance(position, entry_id, counter, now_ms)
   redis.call('HSET', position, 'updated_at_ms', now_ms)
 end
 
--- settle_pairs(position, feed, group, now_ms, first, reply)
---   settles the entries named by ARGV[first], ARGV[first + 1] ... as pairs of entry id
---   and counter, appending "settled" (or "duplicate" when no longer pending) and 0 to
---   ``reply`` for each.
-local function settle_pairs(position, feed, group, now_ms, first, reply)
-  for j = first, #ARGV, 2 do
-    local entry_id, counter = ARGV[j], ARGV[j + 1]
+-- settle_rest(group, now_ms, first, reply)
+--   settles the entries named by ARGV[first], ARGV[first + 1] ... as triples of shard
+--   number s, entry id and counter (shard s's position hash and feed are KEYS[2s - 1] and
+--   KEYS[2s], as in every batch script), appending "settled" (or "duplicate" when no
+--   longer pending) and 0 to ``reply`` for each.
+local function settle_rest(group, now_ms, first, reply)
+  for j = first, #ARGV, 3 do
+    local s, entry_id, counter = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]
+    local position, feed = KEYS[2 * s - 1], KEYS[2 * s]
     if is_pending(feed, group, entry_id) then
       advance(position, entry_id, counter, now_ms)
       redis.call('XACK', feed, group, entry_id)

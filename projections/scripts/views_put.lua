@@ -6,16 +6,17 @@
 -- at least as many progress identities as the stored one. A view expires with its run.
 -- Every entry is counted, moves the position and is acknowledged exactly once (an entry
 -- no longer pending is answered "duplicate" and changes nothing); an empty entry id
--- writes the view alone (a rebuild from the records settles no entry).
+-- writes the view alone (a rebuild from the records settles no entry). A batch may span
+-- the shards of one server; on a cluster it holds one shard.
 --
--- KEYS[1] position hash    KEYS[2] shard feed
--- KEYS[2 + 2i - 1] progress view hash of item i    KEYS[2 + 2i] its run registry hash
--- ARGV[1] consumer group   ARGV[2] now (ms)     ARGV[3] n, the number of items
--- ARGV[4 + 8(i - 1)] ..    entry id, tool call id, record version, public status,
---                          evidence status, record updated_at_ms, facts JSON ('' when
---                          not recomputed), identities the facts cover; of item i
--- ARGV[4 + 8n] ..          then pairs: entry id, counter ("stale" | "expired") of
---                          entries settled without output
+-- KEYS[2s - 1], KEYS[2s]  position hash and feed of the batch's shard s (s = 1 .. S)
+-- KEYS[2S + 2i - 1]       progress view hash of item i    KEYS[2S + 2i] its run registry hash
+-- ARGV[1] consumer group  ARGV[2] now (ms)  ARGV[3] S  ARGV[4] n, the number of items
+-- ARGV[5 + 9(i - 1)] ..   shard number, entry id, tool call id, record version, public
+--                         status, evidence status, record updated_at_ms, facts JSON (''
+--                         when not recomputed), identities the facts cover; of item i
+-- ARGV[5 + 9n] ..         then triples: shard number, entry id, counter ("stale" |
+--                         "expired") of entries settled without output
 --
 -- Reply: for each item its outcome ("applied" | "stale" | "expired" | "duplicate") and
 --        version, then for each settled entry "settled" or "duplicate" and 0.
@@ -52,18 +53,21 @@ local function put(view, run, call, version, status, evidence, updated_ms, facts
   return outcome, reply_version
 end
 
-local position, feed = KEYS[1], KEYS[2]
-local group, now_ms, n = ARGV[1], ARGV[2], tonumber(ARGV[3])
+local group, now_ms = ARGV[1], ARGV[2]
+local shards, n = tonumber(ARGV[3]), tonumber(ARGV[4])
 local reply = {}
 
 for i = 1, n do
-  local a = 4 + 8 * (i - 1)
-  local entry_id = ARGV[a]
+  local a = 5 + 9 * (i - 1)
+  local s = tonumber(ARGV[a])
+  local position, feed = KEYS[2 * s - 1], KEYS[2 * s]
+  local entry_id = ARGV[a + 1]
   local settles = entry_id ~= ''
   local outcome, reply_version = 'duplicate', 0
   if not settles or is_pending(feed, group, entry_id) then
-    outcome, reply_version = put(KEYS[1 + 2 * i], KEYS[2 + 2 * i], ARGV[a + 1],
-      tonumber(ARGV[a + 2]), ARGV[a + 3], ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7])
+    outcome, reply_version = put(KEYS[2 * shards + 2 * i - 1], KEYS[2 * shards + 2 * i],
+      ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7],
+      ARGV[a + 8])
     if settles then
       advance(position, entry_id, outcome, now_ms)
       redis.call('XACK', feed, group, entry_id)
@@ -73,4 +77,4 @@ for i = 1, n do
   reply[#reply + 1] = reply_version
 end
 
-return settle_pairs(position, feed, group, now_ms, 4 + 8 * n, reply)
+return settle_rest(group, now_ms, 5 + 9 * n, reply)

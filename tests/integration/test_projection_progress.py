@@ -144,7 +144,7 @@ async def test_a_batch_counts_each_invocation_once_and_settles_its_older_entries
     entries = [FeedEntry.parse(0, i.decode(), f) for i, f in delivered[0][1]]
     shuffled = entries[1::2] + entries[::2]
 
-    outcomes = await projection.apply_batch(0, shuffled)
+    outcomes = await projection.apply_batch(shuffled)
 
     newest = {(e.tool_call_id): e.entry_id for e in sorted(entries, key=lambda e: e.version)}
     expected = [
@@ -157,5 +157,5 @@ async def test_a_batch_counts_each_invocation_once_and_settles_its_older_entries
     assert [fact["tool_call_id"] for fact in view.facts] == ["a", "b"]
     position = await redis.hgetall(store.keys.position(0, "progress"))
     assert (position[b"applied"], position[b"stale"]) == (b"4", str(len(entries) - 4).encode())
-    assert await projection.apply_batch(0, entries) == [Outcome.DUPLICATE] * len(entries)
+    assert await projection.apply_batch(entries) == [Outcome.DUPLICATE] * len(entries)
     assert (await read_view(store, RUN)) == view

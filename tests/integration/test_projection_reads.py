@@ -97,3 +97,39 @@ async def test_read_groups_reports_a_missing_group(make_store: Any, redis: Redis
     await redis.xadd(feeds[1], {"n": "1"})
     with pytest.raises(GroupMissing):
         await read_groups(redis, dict.fromkeys(feeds, ">"), "g", "c", count=10, block_ms=None)
+
+
+async def test_entries_of_two_feeds_with_the_same_ids_settle_in_one_batch(
+    make_store: Any, redis: Redis
+) -> None:
+    """Entry ids are unique per feed only: a batch spanning feeds tells entries apart by
+    shard, so every entry of both feeds is projected, counted and acknowledged once."""
+    store: Store = make_store(shards=SHARDS)
+    runs = runs_on_every_shard()[:2]
+    heads = []
+    for run_id in runs:
+        await store.open_run(run_id, deadline=timedelta(minutes=5))
+        heads.append(await finished(store, run_id, "c1"))
+    for run_id in runs:  # rewrite both feeds with the same entry ids 1-1, 1-2, 1-3
+        feed = store.keys.feed_of(run_id)
+        entries = await redis.xrange(feed)
+        await redis.delete(feed)
+        for number, (_, fields) in enumerate(entries, start=1):
+            await redis.xadd(feed, fields, id=f"1-{number}")
+
+    worker = ReceiptWorker(store, consumer="same-ids", block_ms=100)
+    task = asyncio.create_task(worker.run())
+    try:
+        for head in heads:
+            assert await worker.wait_for(head, timeout_s=5)
+    finally:
+        worker.stop()
+        await task
+
+    assert worker.counters["applied"] + worker.counters["stale"] == 6
+    assert worker.counters["failed"] == worker.counters["duplicate"] == 0
+    for run_id in runs:
+        feed = store.keys.feed_of(run_id)
+        assert (await redis.xpending(feed, "receipts"))["pending"] == 0
+        position = store.keys.position(shard_of(run_id, SHARDS), "receipts")
+        assert await redis.hget(position, "last_entry_id") == b"1-3"

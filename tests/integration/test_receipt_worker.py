@@ -184,7 +184,7 @@ async def test_a_batch_builds_each_invocation_once_and_settles_its_older_entries
     entries = [FeedEntry.parse(0, i.decode(), f) for i, f in delivered[0][1]]
     shuffled = entries[::2] + entries[1::2]
 
-    outcomes = await projection.apply_batch(0, shuffled)
+    outcomes = await projection.apply_batch(shuffled)
 
     by_entry = dict(zip((e.entry_id for e in shuffled), outcomes, strict=True))
     for entry in entries:
@@ -200,16 +200,16 @@ async def test_a_batch_builds_each_invocation_once_and_settles_its_older_entries
     position = await redis.hgetall(store.keys.position(0, "receipts"))
     assert (position[b"applied"], position[b"stale"], position[b"expired"]) == (b"3", b"6", b"1")
     assert await pending(redis, store, "receipts") == 0
-    assert await projection.apply_batch(0, entries) == [Outcome.DUPLICATE] * len(entries)
+    assert await projection.apply_batch(entries) == [Outcome.DUPLICATE] * len(entries)
 
 
 class FailsOnPoison(ReceiptProjection):
     """A receipt projection that cannot project the call ``poison`` (a bug, say)."""
 
-    async def apply_batch(self, shard: int, entries: Sequence[FeedEntry]) -> list[Outcome]:
+    async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
         if any(entry.tool_call_id == "poison" for entry in entries):
             raise RuntimeError("cannot project")
-        return await super().apply_batch(shard, entries)
+        return await super().apply_batch(entries)
 
     async def apply(self, entry: FeedEntry) -> Outcome:
         if entry.tool_call_id == "poison":
