@@ -12,6 +12,7 @@ import sys
 from collections.abc import MutableMapping
 from typing import Any, Final
 
+import msgspec
 import structlog
 
 _SECRET_FIELDS: Final = frozenset(
@@ -28,6 +29,16 @@ def drop_secrets(
     return event_dict
 
 
+def _json_line(event_dict: Any, **_options: Any) -> str:
+    """Encode one event as a JSON line with msgspec.
+
+    The stdlib encoder costs several times more per event, and production logs one per
+    tool call. Values JSON has no type for are written as their ``repr``, as structlog's
+    own fallback does.
+    """
+    return msgspec.json.encode(event_dict, enc_hook=repr).decode()
+
+
 def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
     """Configure structlog for this process.
 
@@ -39,7 +50,7 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
     if json is None:
         json = not sys.stderr.isatty()
     renderer: Any = (
-        structlog.processors.JSONRenderer()
+        structlog.processors.JSONRenderer(serializer=_json_line)
         if json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )

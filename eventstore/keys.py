@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import dataclass
+from functools import lru_cache
 
 from eventstore.errors import InvalidArgument
 from machine.ids import is_invocation_id, is_safe_id
@@ -122,16 +123,10 @@ class Keys:
             InvalidArgument: ``run_id`` or ``tool_call_id`` is not a safe id.
 
         """
-        tag = self.tag_of(run_id)
-        record = _record(tag, run_id, _safe(tool_call_id, "tool call id"))
-        return InvocationKeys(
-            record=record,
-            stream=_stream(record),
-            feed=_feed(tag),
-            run=_run(tag, run_id),
-            control=_control(tag),
-            progress=_progress(tag, run_id),
-        )
+        if type(run_id) is str and type(tool_call_id) is str:
+            # The writes of one invocation follow each other closely: build its keys once.
+            return _invocation_keys(self, run_id, tool_call_id)
+        return _build_invocation_keys(self, run_id, tool_call_id)  # refuses it
 
     def meta(self) -> str:
         """Namespace metadata (shard count, schema)."""
@@ -227,3 +222,20 @@ def _progress(tag: str, run_id: str) -> str:
 
 def _feed(tag: str) -> str:
     return f"{tag}:feed"
+
+
+def _build_invocation_keys(keys: Keys, run_id: str, tool_call_id: str) -> InvocationKeys:
+    tag = keys.tag_of(run_id)
+    record = _record(tag, run_id, _safe(tool_call_id, "tool call id"))
+    return InvocationKeys(
+        record=record,
+        stream=_stream(record),
+        feed=_feed(tag),
+        run=_run(tag, run_id),
+        control=_control(tag),
+        progress=_progress(tag, run_id),
+    )
+
+
+# A refused id raises, and lru_cache keeps no exception: it is checked every time.
+_invocation_keys = lru_cache(maxsize=4096)(_build_invocation_keys)
