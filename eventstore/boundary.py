@@ -29,6 +29,7 @@ from eventstore.contracts import (
     ToolResult,
     ToolSpec,
 )
+from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
@@ -186,6 +187,7 @@ class ToolBoundary:
         self._tools = dict(tools)
         self._limits: Limits = store.limits
         self._store_timeout_s = store_timeout_s or store.timeout_s * 2
+        self._store_deadlines = Deadlines(self._store_timeout_s)
 
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see.
@@ -237,7 +239,7 @@ class ToolBoundary:
 
     async def _store_op(self, operation: Awaitable[Head]) -> Head:
         try:
-            async with asyncio.timeout(self._store_timeout_s):
+            async with self._store_deadlines.guard():
                 return await operation
         except TimeoutError:
             raise StoreUnavailable("TimeoutError") from None

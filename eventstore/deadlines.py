@@ -1,0 +1,103 @@
+"""Time limits on awaits, kept by one shared timer instead of a timer per await.
+
+``asyncio.timeout`` schedules and cancels a timer handle for every block it guards; a
+tool call guards three store writes, and on a busy boundary those timers cost more CPU
+than the rest of the guard. :class:`Deadlines` records when each guarded task must be
+done and checks them all with one timer that runs only while something is guarded, every
+``resolution`` seconds: a limit is kept to within that resolution.
+
+A task that overruns is cancelled, and its block raises :class:`TimeoutError`, as with
+``asyncio.timeout``; a cancellation that came from elsewhere stays a cancellation.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from types import TracebackType
+from typing import Any, Final
+
+#: Longest time between two checks of the deadlines.
+DEFAULT_RESOLUTION_S: Final = 0.05
+
+
+class Deadlines:
+    """Guards awaits with one time limit: ``async with deadlines.guard(): ...``.
+
+    Args:
+        seconds: how long a guarded block may take.
+        resolution: how often overruns are looked for (default: a quarter of
+            ``seconds``, at most 50 ms); a block is stopped at most this late.
+
+    """
+
+    def __init__(self, seconds: float, *, resolution: float | None = None) -> None:
+        if seconds <= 0:
+            raise ValueError("seconds must be positive")
+        self.seconds = seconds
+        self.resolution = resolution or min(DEFAULT_RESOLUTION_S, seconds / 4)
+        # Guarded task -> (deadline on its loop's clock, its cancel count on entry).
+        self._active: dict[asyncio.Task[Any], tuple[float, int]] = {}
+        self._expired: set[asyncio.Task[Any]] = set()
+        self._ticker: asyncio.TimerHandle | None = None
+        self._ticker_loop: asyncio.AbstractEventLoop | None = None
+
+    def guard(self) -> _Guard:
+        """A context manager that bounds its block by :attr:`seconds`."""
+        return _Guard(self)
+
+    def _enter(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
+        if task in self._active:
+            raise RuntimeError("a task is already inside a guarded block")
+        self._active[task] = (loop.time() + self.seconds, task.cancelling())
+        if self._ticker is None or self._ticker_loop is not loop:
+            # (A guard used from another event loop than the last one gets its own ticker.)
+            self._ticker = loop.call_later(self.resolution, self._tick, loop)
+            self._ticker_loop = loop
+
+    def _exit(self, task: asyncio.Task[Any], cancelled: bool) -> bool:
+        """Leave a block; True when it must raise TimeoutError (it overran)."""
+        _, cancelling = self._active.pop(task)
+        if task not in self._expired:
+            return False
+        self._expired.discard(task)
+        # Ours to turn into a timeout only if no one else cancelled the task meanwhile.
+        return task.uncancel() <= cancelling and cancelled
+
+    def _tick(self, loop: asyncio.AbstractEventLoop) -> None:
+        if self._ticker_loop is not loop:
+            return  # superseded by a ticker on the loop now in use
+        self._ticker = None
+        if not self._active:
+            return
+        now = loop.time()
+        for task, (deadline, _) in self._active.items():
+            if deadline <= now and task not in self._expired and not task.done():
+                self._expired.add(task)
+                task.cancel()
+        self._ticker = loop.call_later(self.resolution, self._tick, loop)
+
+
+class _Guard:
+    """One guarded block of a :class:`Deadlines` (see :meth:`Deadlines.guard`)."""
+
+    __slots__ = ("_deadlines", "_task")
+
+    def __init__(self, deadlines: Deadlines) -> None:
+        self._deadlines = deadlines
+
+    async def __aenter__(self) -> None:
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("a deadline guard needs a running task")
+        self._task = task
+        self._deadlines._enter(task, asyncio.get_running_loop())
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
+        if self._deadlines._exit(self._task, cancelled):
+            raise TimeoutError from exc

@@ -1,0 +1,84 @@
+"""Deadlines: one shared timer bounds guarded awaits, as asyncio.timeout would."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from eventstore.deadlines import Deadlines
+
+
+async def test_a_block_that_overruns_raises_timeout_error_within_the_resolution() -> None:
+    deadlines = Deadlines(0.1, resolution=0.02)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        async with deadlines.guard():
+            await asyncio.sleep(5)
+    assert 0.1 <= loop.time() - started < 0.1 + 0.02 + 0.2
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+
+
+async def test_a_block_that_finishes_in_time_is_left_alone() -> None:
+    deadlines = Deadlines(0.2, resolution=0.02)
+    for _ in range(3):
+        async with deadlines.guard():
+            await asyncio.sleep(0.01)
+    await asyncio.sleep(0.3)  # the deadline of a finished block never fires later
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+
+
+async def test_concurrent_blocks_each_have_their_own_deadline() -> None:
+    deadlines = Deadlines(0.1, resolution=0.01)
+
+    async def sleeper(seconds: float) -> str:
+        try:
+            async with deadlines.guard():
+                await asyncio.sleep(seconds)
+        except TimeoutError:
+            return "timeout"
+        return "done"
+
+    assert await asyncio.gather(sleeper(0.01), sleeper(1), sleeper(0.02)) == [
+        "done",
+        "timeout",
+        "done",
+    ]
+
+
+async def test_a_cancellation_from_elsewhere_stays_a_cancellation() -> None:
+    deadlines = Deadlines(5)
+
+    async def guarded() -> None:
+        async with deadlines.guard():
+            await asyncio.sleep(5)
+
+    task = asyncio.create_task(guarded())
+    await asyncio.sleep(0.01)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+
+async def test_the_timer_stops_when_nothing_is_guarded() -> None:
+    deadlines = Deadlines(0.1, resolution=0.01)
+    async with deadlines.guard():
+        await asyncio.sleep(0)
+    await asyncio.sleep(0.05)
+    assert deadlines._ticker is None
+
+
+async def test_a_task_cannot_nest_guards_of_one_deadlines() -> None:
+    deadlines = Deadlines(1)
+    async with deadlines.guard():
+        with pytest.raises(RuntimeError):
+            async with deadlines.guard():
+                pass
+
+
+def test_seconds_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="positive"):
+        Deadlines(0)
