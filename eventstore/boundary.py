@@ -71,16 +71,7 @@ class _Trace:
     past its refusals ended in ERROR (WARNING).
     """
 
-    __slots__ = (
-        "debug",
-        "event_type",
-        "invocation_id",
-        "logger",
-        "refused",
-        "run_id",
-        "tool_call_id",
-        "version",
-    )
+    __slots__ = ("debug", "event_type", "ids", "logger", "refused", "version")
 
     def __init__(self, ctx: RunContext, envelope: ToolEnvelope) -> None:
         # One concrete logger per call: the lazy proxy would rebuild one per line.
@@ -90,13 +81,16 @@ class _Trace:
         # line is even built.
         self.debug: bool = is_enabled_for is None or bool(is_enabled_for(logging.DEBUG))
         # Unsafe ids are never logged: they may carry anything the agent sent.
-        self.run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
-        self.tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
-        self.invocation_id = (
-            invocation_id(self.run_id, self.tool_call_id)
-            if self.run_id and self.tool_call_id
-            else None
-        )
+        run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
+        tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
+        # The ids every line of the call carries.
+        self.ids = {
+            "run_id": run_id,
+            "tool_call_id": tool_call_id,
+            "invocation_id": invocation_id(run_id, tool_call_id)
+            if run_id and tool_call_id
+            else None,
+        }
         self.version = 0
         self.event_type: str | None = None
         self.refused = False
@@ -106,9 +100,7 @@ class _Trace:
         self.refused = True
         self.logger.info(
             "invocation_refused",
-            run_id=self.run_id,
-            tool_call_id=self.tool_call_id,
-            invocation_id=self.invocation_id,
+            **self.ids,
             stage=stage,
             error_code=code.value,
         )
@@ -120,9 +112,7 @@ class _Trace:
         if self.debug:
             self.logger.debug(
                 "event_committed",
-                run_id=self.run_id,
-                tool_call_id=self.tool_call_id,
-                invocation_id=self.invocation_id,
+                **self.ids,
                 event_type=event_type,
                 version=head.version,
                 error_code=code.value if code is not None else None,
@@ -134,9 +124,7 @@ class _Trace:
         failed = isinstance(reply, ToolError)
         (self.logger.warning if failed and not self.refused else self.logger.info)(
             "invocation_finished",
-            run_id=self.run_id,
-            tool_call_id=self.tool_call_id,
-            invocation_id=self.invocation_id,
+            **self.ids,
             tool=tool,
             status="ERROR" if failed else "READY",
             error_code=reply.error_code.value if isinstance(reply, ToolError) else None,

@@ -105,3 +105,43 @@ class BaseProjection:
             [keys.dead_letters(shard), self.position_key(shard), keys.feed(shard)], args
         )
         return outcome == "dead"
+
+
+def settled_without_output(
+    entries: Sequence[FeedEntry], produced: set[tuple[int, str]], expired: set[tuple[str, str]]
+) -> list[tuple[FeedEntry, Outcome]]:
+    """The entries of a batch that produce no output, with the counter each is settled under.
+
+    ``produced`` names the entries (shard, entry id) whose output the batch writes;
+    ``expired`` the invocations (run id, tool call id) whose record is gone. Entries
+    without an id (a rebuild's) settle nothing.
+    """
+    return [
+        (entry, Outcome.EXPIRED if (entry.run_id, entry.tool_call_id) in expired else Outcome.STALE)
+        for entry in entries
+        if entry.entry_id and (entry.shard, entry.entry_id) not in produced
+    ]
+
+
+def batch_outcomes(
+    entries: Sequence[FeedEntry],
+    produced: Mapping[tuple[int, str], Outcome],
+    rest: Sequence[tuple[FeedEntry, Outcome]],
+    rest_replies: Sequence[tuple[str, str]],
+) -> list[Outcome]:
+    """The outcome of every entry of a batch, in order, from a batch script's replies.
+
+    ``produced`` holds the outcomes of the entries that wrote output; ``rest`` and
+    ``rest_replies`` the others, as :func:`settled_without_output` listed them and as the
+    script answered them ("duplicate" when already settled).
+    """
+    outcomes = dict(produced)
+    for (entry, counter), (reply, _) in zip(rest, rest_replies, strict=True):
+        outcomes[(entry.shard, entry.entry_id)] = (
+            Outcome.DUPLICATE if reply == "duplicate" else counter
+        )
+    for entry in entries:
+        if not entry.entry_id:
+            # A rebuild's record that is gone settles nothing and writes nothing.
+            outcomes.setdefault((entry.shard, ""), Outcome.EXPIRED)
+    return [outcomes[(entry.shard, entry.entry_id)] for entry in entries]

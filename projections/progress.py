@@ -20,7 +20,7 @@ from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import Status
-from projections.base import BaseProjection
+from projections.base import BaseProjection, batch_outcomes, settled_without_output
 from projections.facts import FactScan, extend_facts
 from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.generations import current_generation
@@ -121,28 +121,15 @@ class ProgressProjection(BaseProjection):
             run_facts, covered = facts.get(index, (b"", 0))
             args += [numbers[entry.shard], entry.entry_id, entry.tool_call_id, int(version)]
             args += [status, evidence, int(updated), run_facts, covered]
-        counted = {(entry.shard, entry.entry_id) for entry, _ in items}
-        rest = [e for e in entries if e.entry_id and (e.shard, e.entry_id) not in counted]
-        counters = [
-            Outcome.EXPIRED if (e.run_id, e.tool_call_id) in expired else Outcome.STALE
-            for e in rest
-        ]
-        for entry, counter in zip(rest, counters, strict=True):
+        rest = settled_without_output(entries, {(e.shard, e.entry_id) for e, _ in items}, expired)
+        for entry, counter in rest:
             args += [numbers[entry.shard], entry.entry_id, counter.value]
         replies = await self.scripts.views_put(script_keys, args)
-        outcomes = {
+        produced = {
             (entry.shard, entry.entry_id): Outcome(outcome)
             for (entry, _), (outcome, _) in zip(items, replies, strict=False)
         }
-        for entry, counter, (outcome, _) in zip(rest, counters, replies[len(items) :], strict=True):
-            outcomes[(entry.shard, entry.entry_id)] = (
-                Outcome.DUPLICATE if outcome == "duplicate" else counter
-            )
-        for entry in entries:
-            if not entry.entry_id:
-                # A rebuild's record that is gone settles nothing and writes nothing.
-                outcomes.setdefault((entry.shard, ""), Outcome.EXPIRED)
-        return [outcomes[(entry.shard, entry.entry_id)] for entry in entries]
+        return batch_outcomes(entries, produced, rest, replies[len(items) :])
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the invocation version the run's view reflects (0 when none)."""

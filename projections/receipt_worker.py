@@ -23,7 +23,7 @@ from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import invocation_id
-from projections.base import BaseProjection
+from projections.base import BaseProjection, batch_outcomes, settled_without_output
 from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.receipts import encode_receipt
 from projections.runtime import Worker, WorkerOptions
@@ -102,31 +102,18 @@ class ReceiptProjection(BaseProjection):
             body = encode_receipt(receipt_of(self.store, snapshot))
             receipts += [numbers[entry.shard], entry.entry_id, snapshot.version, body]
             built.append(entry)
-        built_ids = {(entry.shard, entry.entry_id) for entry in built}
-        rest = [e for e in entries if e.entry_id and (e.shard, e.entry_id) not in built_ids]
-        counters = [
-            Outcome.EXPIRED if (e.run_id, e.tool_call_id) in expired else Outcome.STALE
-            for e in rest
-        ]
-        for entry, counter in zip(rest, counters, strict=True):
+        rest = settled_without_output(entries, {(e.shard, e.entry_id) for e in built}, expired)
+        for entry, counter in rest:
             receipts += [numbers[entry.shard], entry.entry_id, counter.value]
         replies = await self.scripts.receipts_put(
             keys, [self.name, now_ms(), len(numbers), len(built), *receipts]
         )
-        outcomes: dict[tuple[int, str], Outcome] = {}
+        produced: dict[tuple[int, str], Outcome] = {}
         for entry, (outcome, version) in zip(built, replies, strict=False):
             if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and version.isdigit():
                 self._remember((entry.run_id, entry.tool_call_id), int(version))
-            outcomes[(entry.shard, entry.entry_id)] = Outcome(outcome)
-        for entry, counter, (outcome, _) in zip(rest, counters, replies[len(built) :], strict=True):
-            outcomes[(entry.shard, entry.entry_id)] = (
-                Outcome.DUPLICATE if outcome == "duplicate" else counter
-            )
-        for entry in entries:
-            if not entry.entry_id:
-                # A rebuild's record that is gone settles nothing and writes nothing.
-                outcomes.setdefault((entry.shard, ""), Outcome.EXPIRED)
-        return [outcomes[(entry.shard, entry.entry_id)] for entry in entries]
+            produced[(entry.shard, entry.entry_id)] = Outcome(outcome)
+        return batch_outcomes(entries, produced, rest, replies[len(built) :])
 
     async def _read(self, entries: Sequence[FeedEntry]) -> list[Snapshot]:
         """The snapshots of the entries' invocations, read by one script call."""
