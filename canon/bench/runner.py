@@ -245,9 +245,12 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
     if options.redis_url is None:
         with _server(options, REDIS_DEFAULTS) as url:
             await _memory_section(url, options, "defaults", report)
-    with _server(options) as url:
+    with contextlib.ExitStack() as servers:
+        # Private servers: one per size, measured side by side; a given URL: one for all.
+        count = 1 if options.redis_url else len(options.scale_sizes)
+        urls = [servers.enter_context(_server(options)) for _ in range(count)]
         points = await scale.measure_scale(
-            url,
+            urls,
             list(options.scale_sizes),
             namespace="scale" + secrets.token_hex(4),
             repeats=1 if options.quick else 3,

@@ -4,20 +4,26 @@ The store is filled quickly with pipelines of the store's own scripts (the floor
 pre-built arguments, 64 B raw), so what is stored is exactly what the Writer stores. At
 each size the bytes per stored invocation are read from ``used_memory``, then the writer
 lifecycle runs at concurrency 64 in a separate namespace whose keys are deleted after.
+
+Given one server per size, each is filled once and the writer's repeats alternate
+between them, so every repeat measures all sizes within seconds of each other and the
+Redis CPU of each size is compared with the smallest pair by pair (as the throughput
+section does with the floor): a machine whose speed drifts over minutes then moves all
+sizes alike. Given one server, the sizes are reached in turn on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import statistics
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from redis.asyncio import Redis
 
-from canon.bench.throughput import BenchError, ThroughputBench
+from canon.bench.throughput import BenchError, Sample, ThroughputBench
 from canon.bench.workload import TOOL, FloorArgs, Payloads, tool_call_id_for
 from eventstore.scripts import script_source
 from eventstore.store import Store
@@ -41,6 +47,9 @@ class ScalePoint:
     bytes_per_invocation: float
     invocations_per_s: float
     server_cpu_us: float
+    #: Median over the repeats of this size's Redis CPU per invocation over the smallest
+    #: size's in the same repeat; None when the sizes were not measured side by side.
+    server_cpu_ratio: float | None = None
 
     def to_json(self) -> dict[str, Any]:
         """Plain data for the JSON report."""
@@ -49,6 +58,9 @@ class ScalePoint:
             "bytes_per_invocation": round(self.bytes_per_invocation, 1),
             "invocations_per_s": round(self.invocations_per_s, 1),
             "server_cpu_us": round(self.server_cpu_us, 1),
+            "server_cpu_ratio": None
+            if self.server_cpu_ratio is None
+            else round(self.server_cpu_ratio, 3),
         }
 
 
@@ -115,8 +127,45 @@ class Filler:
         self.stored = target
 
 
+class _Site:
+    """One server under test: its fill namespace, its writer probe, and what is stored."""
+
+    def __init__(self, url: str, namespace: str) -> None:
+        self.bare = Redis.from_url(url, max_connections=_FILL_TASKS + 4)
+        self.store = Store.from_url(url, namespace=namespace, ttl=timedelta(hours=6))
+        self.probe = Store.from_url(url, namespace=f"{namespace}w", ttl=timedelta(hours=1))
+        self.baseline = 0
+        self.filler = Filler(self.store, self.bare, Payloads.of(raw=64))
+        self.bench = ThroughputBench(self.probe, self.bare, Payloads.of())
+
+    async def open(self) -> None:
+        await self.store.__aenter__()
+        await self.probe.__aenter__()
+        self.baseline = int((await self.bare.info("memory"))["used_memory"])
+        await self.filler.prepare()
+        await self.bench.prepare()
+
+    async def bytes_per_invocation(self) -> float:
+        used = int((await self.bare.info("memory"))["used_memory"])
+        return (used - self.baseline) / self.filler.stored
+
+    async def run_writer(self, repeat: int, warmup_s: float, duration_s: float) -> Sample:
+        sample = await self.bench.run("writer", repeat, 64, warmup_s, duration_s)
+        await delete_namespace(self.bare, self.probe.keys.namespace)
+        await self.probe.check_namespace()
+        return sample
+
+    async def close(self) -> None:
+        try:
+            await delete_namespace(self.bare, self.store.keys.namespace)
+        finally:
+            await self.probe.aclose()
+            await self.store.aclose()
+            await self.bare.aclose()
+
+
 async def measure_scale(
-    url: str,
+    urls: Sequence[str],
     sizes: list[int],
     *,
     namespace: str,
@@ -125,36 +174,76 @@ async def measure_scale(
     duration_s: float,
     progress: Callable[[str], None],
 ) -> list[ScalePoint]:
-    """Fill ``namespace`` to each of ``sizes`` in turn; measure bytes and throughput."""
-    points: list[ScalePoint] = []
-    bare = Redis.from_url(url, max_connections=_FILL_TASKS + 4)
-    store = Store.from_url(url, namespace=namespace, ttl=timedelta(hours=6))
-    probe = Store.from_url(url, namespace=f"{namespace}w", ttl=timedelta(hours=1))
+    """Measure bytes and throughput at each of ``sizes`` stored invocations.
+
+    ``urls`` is one server per size (filled once each, repeats alternating between them)
+    or a single server (filled to each size in turn).
+    """
+    if len(urls) not in (1, len(sizes)):
+        raise ValueError("give one server, or one per size")
+    if len(urls) == 1:
+        return await _in_turn(urls[0], sizes, namespace, repeats, warmup_s, duration_s, progress)
+    sites = [_Site(url, namespace) for url in urls]
     try:
-        async with store, probe:
-            baseline = int((await bare.info("memory"))["used_memory"])
-            filler = Filler(store, bare, Payloads.of(raw=64))
-            await filler.prepare()
-            bench = ThroughputBench(probe, bare, Payloads.of())
-            await bench.prepare()
-            for size in sizes:
-                progress(f"scale: filling to {size:,} stored invocations")
-                await filler.fill_to(size)
-                used = int((await bare.info("memory"))["used_memory"])
-                samples = []
-                for repeat in range(repeats):
-                    samples.append(await bench.run("writer", repeat, 64, warmup_s, duration_s))
-                    await delete_namespace(bare, probe.keys.namespace)
-                    await probe.check_namespace()
-                points.append(
-                    ScalePoint(
-                        stored=size,
-                        bytes_per_invocation=(used - baseline) / size,
-                        invocations_per_s=statistics.median(s.invocations_per_s for s in samples),
-                        server_cpu_us=statistics.median(s.server_cpu_us for s in samples),
-                    )
-                )
+        byte_figures: list[float] = []
+        for site, size in zip(sites, sizes, strict=True):
+            await site.open()
+            progress(f"scale: filling a server to {size:,} stored invocations")
+            await site.filler.fill_to(size)
+            byte_figures.append(await site.bytes_per_invocation())
+        samples: list[list[Sample]] = [[] for _ in sites]
+        for repeat in range(repeats):
+            progress(f"scale: writer on every size, repeat {repeat + 1} of {repeats}")
+            # Rotate the order so no size always runs first after a pause.
+            order = [(repeat + k) % len(sites) for k in range(len(sites))]
+            for index in order:
+                samples[index].append(await sites[index].run_writer(repeat, warmup_s, duration_s))
+        base = samples[0]
+        return [
+            ScalePoint(
+                stored=size,
+                bytes_per_invocation=byte_figure,
+                invocations_per_s=statistics.median(s.invocations_per_s for s in runs),
+                server_cpu_us=statistics.median(s.server_cpu_us for s in runs),
+                server_cpu_ratio=statistics.median(
+                    run.server_cpu_us / first.server_cpu_us
+                    for run, first in zip(runs, base, strict=True)
+                ),
+            )
+            for size, byte_figure, runs in zip(sizes, byte_figures, samples, strict=True)
+        ]
     finally:
-        await delete_namespace(bare, namespace)
-        await bare.aclose()
+        for site in sites:
+            await site.close()
+
+
+async def _in_turn(
+    url: str,
+    sizes: list[int],
+    namespace: str,
+    repeats: int,
+    warmup_s: float,
+    duration_s: float,
+    progress: Callable[[str], None],
+) -> list[ScalePoint]:
+    """One server filled to each size in turn, the writer measured at each."""
+    points: list[ScalePoint] = []
+    site = _Site(url, namespace)
+    try:
+        await site.open()
+        for size in sizes:
+            progress(f"scale: filling to {size:,} stored invocations")
+            await site.filler.fill_to(size)
+            byte_figure = await site.bytes_per_invocation()
+            runs = [await site.run_writer(n, warmup_s, duration_s) for n in range(repeats)]
+            points.append(
+                ScalePoint(
+                    stored=size,
+                    bytes_per_invocation=byte_figure,
+                    invocations_per_s=statistics.median(s.invocations_per_s for s in runs),
+                    server_cpu_us=statistics.median(s.server_cpu_us for s in runs),
+                )
+            )
+    finally:
+        await site.close()
     return points

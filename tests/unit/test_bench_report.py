@@ -95,6 +95,16 @@ def test_scale_goals_compare_1m_with_10k_within_15_percent() -> None:
     assert _status(_report(scale=points))[6:] == ["SHORT", "PASS"]
 
 
+def test_scale_goal_uses_the_pair_by_pair_ratio_when_the_sizes_ran_side_by_side() -> None:
+    """Sizes measured side by side carry a pair-by-pair ratio; it decides, not the medians."""
+    small, large = _point(10_000, 100.0, 5000.0), _point(1_000_000, 130.0, 5000.0)
+    assert _status(_report(scale=[small, large]))[6] == "SHORT"
+    large["server_cpu_ratio"] = 1.05
+    assert _status(_report(scale=[small, large]))[6] == "PASS"
+    large["server_cpu_ratio"] = 1.2
+    assert _status(_report(scale=[small, large]))[6] == "SHORT"
+
+
 def test_goal_lines_start_with_the_status() -> None:
     """Every printed goal line starts with PASS, SHORT or N/A and names its target."""
     lines = goal_lines(evaluate_goals(_report(writer=1.0)))
