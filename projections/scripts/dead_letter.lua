@@ -23,6 +23,5 @@ for i = 8, #ARGV do copied[#copied + 1] = ARGV[i] end
 local dead_id = redis.call('XADD', dead, 'MAXLEN', '~', cap, '*', 'entry_id', entry_id,
   'projection', group, 'reason', reason, 'error', error_type, 'deliveries', deliveries,
   'at_ms', now_ms, unpack(copied))
-advance(position, entry_id, 'dead', now_ms)
-redis.call('XACK', feed, group, entry_id)
+settle_entry(position, feed, group, entry_id, 'dead', now_ms)
 return {'dead', dead_id}

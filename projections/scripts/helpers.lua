@@ -1,9 +1,9 @@
 -- helpers.lua: shared by every projection script; pasted at "-- @position-helpers".
 --
 -- is_pending(feed, group, entry_id)  true while the entry waits for an ack in the group.
--- advance(position, entry_id, counter, now_ms)
---   moves the projection's per-shard position to the highest entry id seen and counts
---   the entry once under ``counter``. Callers check is_pending first and XACK last, so
+-- settle_entry(position, feed, group, entry_id, counter, now_ms)
+--   moves the projection's per-shard position to the highest entry id seen, counts the
+--   entry once under ``counter`` and acknowledges it. Callers check is_pending first, so
 --   an entry is counted exactly once however often it is delivered.
 
 local function id_after(a, b)
@@ -18,13 +18,14 @@ local function is_pending(feed, group, entry_id)
   return #redis.call('XPENDING', feed, group, entry_id, entry_id, 1) > 0
 end
 
-local function advance(position, entry_id, counter, now_ms)
+local function settle_entry(position, feed, group, entry_id, counter, now_ms)
   local last = redis.call('HGET', position, 'last_entry_id')
   if id_after(entry_id, last) then
     redis.call('HSET', position, 'last_entry_id', entry_id)
   end
   redis.call('HINCRBY', position, counter, 1)
   redis.call('HSET', position, 'updated_at_ms', now_ms)
+  redis.call('XACK', feed, group, entry_id)
 end
 
 -- settle_rest(group, now_ms, first, reply)
@@ -37,8 +38,7 @@ local function settle_rest(group, now_ms, first, reply)
     local s, entry_id, counter = tonumber(ARGV[j]), ARGV[j + 1], ARGV[j + 2]
     local position, feed = KEYS[2 * s - 1], KEYS[2 * s]
     if is_pending(feed, group, entry_id) then
-      advance(position, entry_id, counter, now_ms)
-      redis.call('XACK', feed, group, entry_id)
+      settle_entry(position, feed, group, entry_id, counter, now_ms)
       reply[#reply + 1] = 'settled'
     else
       reply[#reply + 1] = 'duplicate'

@@ -49,8 +49,7 @@ for i = 1, n do
       end
     end
     if settles then
-      advance(position, entry_id, outcome, now_ms)
-      redis.call('XACK', feed, group, entry_id)
+      settle_entry(position, feed, group, entry_id, outcome, now_ms)
     end
   end
   reply[#reply + 1] = outcome

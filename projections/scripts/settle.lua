@@ -13,6 +13,5 @@ local position, feed = KEYS[1], KEYS[2]
 local group, entry_id, counter, now_ms = ARGV[1], ARGV[2], ARGV[3], ARGV[4]
 
 if not is_pending(feed, group, entry_id) then return {'duplicate', 0} end
-advance(position, entry_id, counter, now_ms)
-redis.call('XACK', feed, group, entry_id)
+settle_entry(position, feed, group, entry_id, counter, now_ms)
 return {'settled', 0}

@@ -69,8 +69,7 @@ for i = 1, n do
       ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7],
       ARGV[a + 8])
     if settles then
-      advance(position, entry_id, outcome, now_ms)
-      redis.call('XACK', feed, group, entry_id)
+      settle_entry(position, feed, group, entry_id, outcome, now_ms)
     end
   end
   reply[#reply + 1] = outcome
