@@ -26,6 +26,7 @@ per node, so :class:`ScriptBatcher` sends each call on its own there.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -35,6 +36,7 @@ from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
 #: Most commands per pipeline. A larger turn is split so that several pipelines are in
@@ -55,6 +57,7 @@ class BatchStats:
     Attributes:
         calls: script calls made through the batcher.
         round_trips: pipelines and single EVALSHA commands sent (re-sends included).
+        resends: batches sent again whole after a connection error or a timeout.
         reloads: scripts loaded again after the server answered NOSCRIPT.
         largest_batch: the most calls one round trip carried.
 
@@ -62,6 +65,7 @@ class BatchStats:
 
     calls: int = 0
     round_trips: int = 0
+    resends: int = 0
     reloads: int = 0
     largest_batch: int = 0
 
@@ -216,15 +220,23 @@ class ScriptBatcher:
         whole batch is sent again on a fresh one.
         """
         stats = self.stats
-        stats.round_trips += 1
         stats.largest_batch = max(stats.largest_batch, len(batch))
         packed = [call.packed for call in batch]
         pool = self._client.connection_pool
         connection = cast(Connection, await pool.get_connection())  # type: ignore[no-untyped-call]
+
+        attempts = 0
+
+        async def exchange() -> list[Any]:
+            nonlocal attempts
+            attempts += 1
+            stats.round_trips += 1
+            stats.resends += attempts > 1
+            return await _exchange(connection, packed)
+
         try:
             replies: list[Any] = await connection.retry.call_with_retry(
-                lambda: _exchange(connection, packed),
-                lambda _error: connection.disconnect(),
+                exchange, lambda _error: connection.disconnect()
             )
         finally:
             await pool.release(connection)
@@ -232,12 +244,23 @@ class ScriptBatcher:
 
 
 async def _exchange(connection: Connection, packed: list[bytes]) -> list[Any]:
-    """Write every command, then read one reply per command (all of them, always)."""
+    """Write every command, then read one reply per command (all of them, always).
+
+    One timer bounds the whole batch by the connection's socket timeout: redis-py would
+    arm and cancel one per reply, which costs more than the rest of reading it.
+    """
     await connection.send_packed_command(packed, check_health=False)
     replies: list[Any] = []
-    for _ in packed:
-        try:
-            replies.append(await connection.read_response())
-        except ResponseError as exc:
-            replies.append(exc)
+    try:
+        async with asyncio.timeout(connection.socket_timeout):
+            for _ in packed:
+                try:
+                    replies.append(await connection.read_response(timeout=math.inf))
+                except ResponseError as exc:
+                    replies.append(exc)
+    except TimeoutError:
+        # As redis-py does for its own read timeout: the connection is dropped (its
+        # replies are out of step now) and the error is one its Retry re-sends after.
+        await connection.disconnect(nowait=True)
+        raise RedisTimeoutError("Timeout reading from Redis") from None
     return replies

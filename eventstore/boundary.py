@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
@@ -44,6 +45,10 @@ _encoder: Final = msgspec.json.Encoder()
 _READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
 
 
+def _valid_time_limit(seconds: float | None) -> bool:
+    return seconds is None or (isinstance(seconds, int | float) and 0 < seconds < math.inf)
+
+
 class _Stop(Exception):
     """Ends a call early with an error code (internal control flow)."""
 
@@ -71,9 +76,20 @@ class _Trace:
     past its refusals ended in ERROR (WARNING).
     """
 
-    __slots__ = ("debug", "event_type", "ids", "logger", "refused", "version")
+    __slots__ = (
+        "debug",
+        "event_type",
+        "ids",
+        "invocation_id",
+        "logger",
+        "refused",
+        "task",
+        "version",
+    )
 
-    def __init__(self, ctx: RunContext, envelope: ToolEnvelope) -> None:
+    def __init__(self, ctx: RunContext, envelope: ToolEnvelope, task: asyncio.Task[Any]) -> None:
+        # The task that runs the call: its time limits cancel it (eventstore.deadlines).
+        self.task = task
         # One concrete logger per call: the lazy proxy would rebuild one per line.
         self.logger: Any = log.bind()
         is_enabled_for = getattr(self.logger, "is_enabled_for", None)
@@ -83,13 +99,14 @@ class _Trace:
         # Unsafe ids are never logged: they may carry anything the agent sent.
         run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
         tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
+        self.invocation_id = (
+            invocation_id(run_id, tool_call_id) if run_id and tool_call_id else None
+        )
         # The ids every line of the call carries.
         self.ids = {
             "run_id": run_id,
             "tool_call_id": tool_call_id,
-            "invocation_id": invocation_id(run_id, tool_call_id)
-            if run_id and tool_call_id
-            else None,
+            "invocation_id": self.invocation_id,
         }
         self.version = 0
         self.event_type: str | None = None
@@ -135,13 +152,34 @@ class _Trace:
 
 
 async def _call(fn: Callable[..., Any], *args: Any, thread: bool) -> Any:
-    if not inspect.iscoroutinefunction(fn) and thread:
-        result = await asyncio.to_thread(fn, *args)
-    else:
-        result = fn(*args)
+    """Call a plain or async callable; ``thread`` runs a plain one in a worker thread."""
+    result = await asyncio.to_thread(fn, *args) if thread else fn(*args)
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+class _Tool:
+    """A registered tool with what its calls need decided once, not per call."""
+
+    __slots__ = ("executor_deadlines", "executor_in_thread", "spec")
+
+    def __init__(self, spec: ToolSpec, deadlines: dict[float, Deadlines]) -> None:
+        self.spec = spec
+        self.executor_in_thread = spec.thread and not inspect.iscoroutinefunction(spec.executor)
+        # Tools with the same time limit share one timer (see eventstore.deadlines).
+        self.executor_deadlines = (
+            deadlines.setdefault(spec.timeout_s, Deadlines(spec.timeout_s))
+            if spec.timeout_s is not None
+            else None
+        )
+
+    async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
+        """Run the executor in ``task`` within the tool's time limit (TimeoutError past it)."""
+        running = _call(self.spec.executor, arguments, call, thread=self.executor_in_thread)
+        if self.executor_deadlines is None:
+            return await running
+        return await self.executor_deadlines.run(running, task)
 
 
 class ToolBoundary:
@@ -156,7 +194,8 @@ class ToolBoundary:
 
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
-            (:func:`machine.ids.is_tool_name`); caught here, not on its first call.
+            (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
+            positive number of seconds; caught here, not on its first call.
 
     """
 
@@ -171,8 +210,13 @@ class ToolBoundary:
         if refused:
             shown = ", ".join(repr(name) for name in refused[:5])
             raise InvalidArgument(f"tool names not allowed (letters, digits, _ . -): {shown}")
+        slow = [name for name, spec in tools.items() if not _valid_time_limit(spec.timeout_s)]
+        if slow:
+            shown = ", ".join(repr(name) for name in slow[:5])
+            raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
         self._store = store
-        self._tools = dict(tools)
+        executor_deadlines: dict[float, Deadlines] = {}
+        self._tools = {name: _Tool(spec, executor_deadlines) for name, spec in tools.items()}
         self._limits: Limits = store.limits
         self._store_timeout_s = store_timeout_s or store.timeout_s * 2
         self._store_deadlines = Deadlines(self._store_timeout_s)
@@ -184,20 +228,23 @@ class ToolBoundary:
         propagates.
         """
         started = time.perf_counter()
-        trace = _Trace(ctx, envelope)
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("ToolBoundary.invoke must run in an asyncio task")
+        trace = _Trace(ctx, envelope, task)
         try:
             reply = await self._invoke(ctx, envelope, trace)
         except Exception as exc:  # a bug of ours must still not reach the agent
             trace.logger.error("invocation_crashed", error_type=type(exc).__name__)
             reply = ToolError.of(ErrorCode.STORE_UNAVAILABLE)
-        trace.finish(reply, envelope.tool if self._spec_of(envelope) is not None else None, started)
+        trace.finish(reply, envelope.tool if self._tool_of(envelope) is not None else None, started)
         return reply
 
-    def _spec_of(self, envelope: ToolEnvelope) -> ToolSpec | None:
-        """The named tool's spec, or None (also for a name that is not even a string)."""
+    def _tool_of(self, envelope: ToolEnvelope) -> _Tool | None:
+        """The named tool, or None (also for a name that is not even a string)."""
         return self._tools.get(envelope.tool) if isinstance(envelope.tool, str) else None
 
-    def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[ToolSpec, bytes]:
+    def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[_Tool, bytes]:
         """Checks that need no I/O, in the order the specification lists them."""
         if not is_safe_id(envelope.tool_call_id):
             raise _Stop(ErrorCode.INVALID_TOOL_CALL_ID)
@@ -216,21 +263,14 @@ class ToolBoundary:
             raise _Stop(ErrorCode.REQUEST_TOO_LARGE) from None
         if len(request) > limits.request_bytes:
             raise _Stop(ErrorCode.REQUEST_TOO_LARGE)
-        spec = self._spec_of(envelope)
-        if spec is None:
+        tool = self._tool_of(envelope)
+        if tool is None:
             raise _Stop(ErrorCode.UNKNOWN_TOOL)
-        if not spec.authorized:
+        if not tool.spec.authorized:
             raise _Stop(ErrorCode.UNAUTHORIZED)
-        if not spec.read_only:
+        if not tool.spec.read_only:
             raise _Stop(ErrorCode.NOT_READ_ONLY)
-        return spec, request
-
-    async def _store_op(self, operation: Awaitable[Head]) -> Head:
-        try:
-            async with self._store_deadlines.guard():
-                return await operation
-        except TimeoutError:
-            raise StoreUnavailable("TimeoutError") from None
+        return tool, request
 
     async def _commit(
         self,
@@ -240,11 +280,15 @@ class ToolBoundary:
         code: ErrorCode | None = None,
     ) -> Head:
         """Write one lifecycle event within the store timeout and note it in ``trace``."""
-        return trace.commit(event_type, await self._store_op(operation), code)
+        try:
+            head = await self._store_deadlines.run(operation, trace.task)
+        except TimeoutError:
+            raise StoreUnavailable("TimeoutError") from None
+        return trace.commit(event_type, head, code)
 
     async def _invoke(self, ctx: RunContext, envelope: ToolEnvelope, trace: _Trace) -> AgentReply:
         try:
-            spec, request = self._preflight(ctx, envelope)
+            tool, request = self._preflight(ctx, envelope)
         except _Stop as stop:
             return trace.refuse(stop.code, "preflight")
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
@@ -263,26 +307,25 @@ class ToolBoundary:
         call = ToolCall(
             run_id=run_id,
             tool_call_id=tool_call_id,
-            invocation_id=invocation_id(run_id, tool_call_id),
+            invocation_id=trace.invocation_id or invocation_id(run_id, tool_call_id),
             tool=envelope.tool,
         )
         try:
-            return await self._execute(spec, call, request, head, trace)
+            return await self._execute(tool, call, request, head, trace)
         except RecordExpired:
             return ToolError.of(ErrorCode.RECORD_EXPIRED)
         except (StoreUnavailable, Refused):
             return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
 
     async def _execute(
-        self, spec: ToolSpec, call: ToolCall, request: bytes, head: Head, trace: _Trace
+        self, tool: _Tool, call: ToolCall, request: bytes, head: Head, trace: _Trace
     ) -> AgentReply:
         """Executor, raw storage, projector, result storage; failures end in ERROR."""
         limits = self._limits
         arguments = msgspec.json.decode(request)
         try:
             try:
-                async with asyncio.timeout(spec.timeout_s):
-                    raw_value = await _call(spec.executor, arguments, call, thread=spec.thread)
+                raw_value = await tool.execute(arguments, call, trace.task)
             except Exception:
                 raise _Stop(ErrorCode.EXECUTION_FAILED) from None
             try:
@@ -295,7 +338,7 @@ class ToolBoundary:
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
 
-            projection = await self._project(spec, raw_value, call)
+            projection = await self._project(tool.spec, raw_value, call)
             evidence = EvidenceStatus(projection.evidence_status)
             try:
                 result = _encoder.encode(projection.result)

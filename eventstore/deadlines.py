@@ -13,8 +13,11 @@ A task that overruns is cancelled, and its block raises :class:`TimeoutError`, a
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Awaitable
 from types import TracebackType
-from typing import Any, Final
+from typing import Any, Final, TypeVar
+
+T = TypeVar("T")
 
 #: Longest time between two checks of the deadlines.
 DEFAULT_RESOLUTION_S: Final = 0.05
@@ -44,6 +47,37 @@ class Deadlines:
     def guard(self) -> _Guard:
         """A context manager that bounds its block by :attr:`seconds`."""
         return _Guard(self)
+
+    async def run(self, awaitable: Awaitable[T], task: asyncio.Task[Any] | None = None) -> T:
+        """Await ``awaitable`` within :attr:`seconds`, as ``guard()`` would bound it.
+
+        Args:
+            awaitable: what to wait for.
+            task: the task that runs this call, when the caller already has it (it saves
+                looking it up; a hot path guards several awaits of one task).
+
+        Raises:
+            TimeoutError: the limit passed first (``awaitable`` was cancelled).
+
+        """
+        if task is None:
+            task = asyncio.current_task()
+            if task is None:
+                raise RuntimeError("a deadline needs a running task")
+        if task in self._active:  # nested: the outer, earlier deadline bounds both
+            return await awaitable
+        self._enter(task, task.get_loop())
+        try:
+            result = await awaitable
+        except asyncio.CancelledError:
+            if self._exit(task, cancelled=True):
+                raise TimeoutError from None
+            raise
+        except BaseException:
+            self._exit(task, cancelled=False)
+            raise
+        self._exit(task, cancelled=False)
+        return result
 
     def _enter(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
         if task in self._active:
@@ -80,7 +114,7 @@ class Deadlines:
 class _Guard:
     """One guarded block of a :class:`Deadlines` (see :meth:`Deadlines.guard`)."""
 
-    __slots__ = ("_deadlines", "_task")
+    __slots__ = ("_deadlines", "_nested", "_task")
 
     def __init__(self, deadlines: Deadlines) -> None:
         self._deadlines = deadlines
@@ -90,7 +124,11 @@ class _Guard:
         if task is None:
             raise RuntimeError("a deadline guard needs a running task")
         self._task = task
-        self._deadlines._enter(task, asyncio.get_running_loop())
+        # Nested in a block of the same deadlines (a tool that calls the boundary again):
+        # the outer block began earlier, so its deadline comes first and bounds both.
+        self._nested = task in self._deadlines._active
+        if not self._nested:
+            self._deadlines._enter(task, asyncio.get_running_loop())
 
     async def __aexit__(
         self,
@@ -98,6 +136,8 @@ class _Guard:
         exc: BaseException | None,
         traceback: TracebackType | None,
     ) -> None:
+        if self._nested:
+            return
         cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
         if self._deadlines._exit(self._task, cancelled):
             raise TimeoutError from exc

@@ -166,6 +166,7 @@ async def _throughput(
         "calls": stats.calls,
         "round_trips": stats.round_trips,
         "calls_per_round_trip": round(stats.calls / max(stats.round_trips, 1), 2),
+        "resends": stats.resends,
         "reloads": stats.reloads,
         "largest_batch": stats.largest_batch,
     }

@@ -207,6 +207,7 @@ async def test_killed_connections_are_retried_without_double_writes(
     heads = await asyncio.gather(
         *(_lifecycle(private_store, run_id, f"call-{i}") for i in range(16))
     )
+    assert private_store.batcher.stats.resends >= 1
     assert {head.version for head in heads} == {3}
     for i in range(16):
         assert len(await private_store.events(run_id, f"call-{i}")) == 3
@@ -225,6 +226,52 @@ async def test_an_unreachable_server_fails_every_caller_of_the_batch(
             return_exceptions=True,
         )
         assert all(isinstance(result, StoreUnavailable) for result in results)
+
+
+async def test_a_stalled_server_times_out_the_batch_and_every_caller_hears_it(
+    private_server: EmbeddedRedis,
+) -> None:
+    """One timer bounds a batch's replies: a server that stops answering fails each caller
+    with StoreUnavailable once the retries are spent, long before it answers again; the
+    next batch, once it does, goes through and nothing was applied twice."""
+    store = Store.from_url(private_server.url, namespace="stalled", timeout_s=0.3)
+    async with store, Redis.from_url(private_server.url) as admin:
+        run_id = await _open(store)
+        await asyncio.gather(*(_lifecycle(store, run_id, f"warm-{i}") for i in range(8)))
+        await admin.execute_command("CLIENT", "PAUSE", 4000, "WRITE")
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+
+        results: list[Any] = await asyncio.gather(
+            *(store.writer.create(run_id, f"call-{i}", TOOL, REQUEST) for i in range(8)),
+            return_exceptions=True,
+        )
+
+        assert all(isinstance(result, StoreUnavailable) for result in results), results
+        assert loop.time() - started < 3.5
+        await admin.execute_command("CLIENT", "UNPAUSE")
+        heads = await asyncio.gather(*(_lifecycle(store, run_id, f"after-{i}") for i in range(8)))
+        assert {head.version for head in heads} == {3}
+        for i in range(8):
+            assert len(await store.events(run_id, f"after-{i}")) == 3
+            assert len(await store.events(run_id, f"call-{i}")) <= 1
+
+
+async def test_a_short_stall_is_ridden_out_by_the_retries(private_server: EmbeddedRedis) -> None:
+    """A stall shorter than the retries last: the timed-out batch is sent again and every
+    event applies exactly once."""
+    store = Store.from_url(private_server.url, namespace="hiccup", timeout_s=0.3)
+    async with store, Redis.from_url(private_server.url) as admin:
+        run_id = await _open(store)
+        await asyncio.gather(*(_lifecycle(store, run_id, f"warm-{i}") for i in range(8)))
+        await admin.execute_command("CLIENT", "PAUSE", 400, "WRITE")
+
+        heads = await asyncio.gather(*(_lifecycle(store, run_id, f"call-{i}") for i in range(8)))
+
+        assert store.batcher.stats.resends >= 1
+        assert {head.version for head in heads} == {3}
+        for i in range(8):
+            assert len(await store.events(run_id, f"call-{i}")) == 3
 
 
 def test_a_cluster_client_is_not_batched() -> None:

@@ -71,12 +71,28 @@ async def test_the_timer_stops_when_nothing_is_guarded() -> None:
     assert deadlines._ticker is None
 
 
-async def test_a_task_cannot_nest_guards_of_one_deadlines() -> None:
-    deadlines = Deadlines(1)
-    async with deadlines.guard():
-        with pytest.raises(RuntimeError):
+async def test_a_nested_block_ends_with_the_outer_block_and_leaves_it_guarded() -> None:
+    deadlines = Deadlines(0.1, resolution=0.01)
+    with pytest.raises(TimeoutError):
+        async with deadlines.guard():
             async with deadlines.guard():
-                pass
+                await asyncio.sleep(0)
+            await asyncio.sleep(5)  # still bounded after the nested block left
+    current = asyncio.current_task()
+    assert current is not None and current.cancelling() == 0
+    assert not deadlines._active
+
+
+async def test_an_outer_deadline_stops_a_nested_block() -> None:
+    deadlines = Deadlines(0.1, resolution=0.01)
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    with pytest.raises(TimeoutError):
+        async with deadlines.guard():
+            await asyncio.sleep(0.06)
+            async with deadlines.guard():  # its own deadline would be 0.1 s from here
+                await asyncio.sleep(5)
+    assert 0.1 <= loop.time() - started < 0.16 + 0.2
 
 
 def test_seconds_must_be_positive() -> None:
