@@ -18,11 +18,14 @@ from typing import Final
 
 import msgspec
 
-from machine.codes import ErrorCode, EvidenceStatus
+from machine.codes import ErrorCode, EvidenceStatus, Status
 from machine.upcasting import JSONObject, UpcastError
 
-#: Permanent code of each event type.
+#: Permanent code of each event type (compact events and feed entries).
 TYPE_CODES: Final = {"Preflighted": 1, "ProjectingStarted": 2, "Completed": 3, "Failed": 4}
+
+#: Permanent code of each public status (feed entries).
+STATUS_CODES: Final = {Status.PROJECTING: 1, Status.READY: 2, Status.ERROR: 3}
 
 #: Permanent code of each evidence status.
 EVIDENCE_CODES: Final = {

@@ -11,6 +11,7 @@ from typing import Any, Final
 from transitions import Machine
 
 from machine.codes import EvidenceStatus, Stage, Status
+from machine.compact import STATUS_CODES, TYPE_CODES
 
 _TRANSITIONS: Final[list[dict[str, Any]]] = [
     {"trigger": "Preflighted", "source": Stage.NEW.value, "dest": Stage.EXECUTING.value},
@@ -76,12 +77,21 @@ def next_stage(stage: Stage, event_type: str) -> Stage | None:
 
 
 def lua_tables() -> str:
-    """Render the transition, status and evidence tables as Lua source for the scripts."""
+    """Render the transition, status and evidence tables as Lua source for the scripts.
+
+    Feed entries carry an event type and a status as their permanent codes
+    (:data:`machine.compact.TYPE_CODES`, :data:`machine.compact.STATUS_CODES`): one byte
+    each in the feed's listpack instead of the names, which keeps more entries per node.
+    """
     rows = [
         f'  ["{src.value}|{trigger}"] = "{dest.value}",'
         for (src, trigger), dest in sorted(TRANSITIONS.items())
     ]
     statuses = [f'  ["{stage.value}"] = "{status.value}",' for stage, status in STATUS_OF.items()]
+    status_codes = [
+        f'  ["{stage.value}"] = {STATUS_CODES[status]},' for stage, status in STATUS_OF.items()
+    ]
+    type_codes = [f'  ["{kind}"] = {code},' for kind, code in TYPE_CODES.items()]
     evidence = [
         f'  ["{stage.value}|{ev.value}"] = true,'
         for stage, allowed in EVIDENCE_ALLOWED.items()
@@ -97,6 +107,12 @@ def lua_tables() -> str:
             "}",
             "local EVIDENCE_ALLOWED = {",
             *evidence,
+            "}",
+            "local FEED_STATUS_CODE = {",
+            *status_codes,
+            "}",
+            "local FEED_TYPE_CODE = {",
+            *type_codes,
             "}",
         ]
     )

@@ -1,21 +1,34 @@
 """What a projection consumes: shard feed entries, and the contract a projection fulfils.
 
 A feed entry is the small notification ``create.lua``/``append.lua`` add for every
-committed event: run id, tool call id, version, event type and public status. It never
-carries a payload; projections read what they need from the record itself.
+committed event: ``r`` run id, ``c`` tool call id, ``v`` version, ``t`` event type and
+``s`` public status, the last two as their permanent codes (:data:`TYPE_CODES`,
+:data:`STATUS_CODES`); entries written before the codes spell them out, and still parse.
+It never carries a payload; projections read what they need from the record itself.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from enum import StrEnum
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import msgspec
 
 from machine.codes import Status
-from machine.events import EVENT_TYPES
+from machine.compact import STATUS_CODES, TYPE_CODES
 from machine.ids import is_safe_id
+
+#: Event type of each ``t`` value a writer produces: its code, or (older entries) its name.
+_EVENT_TYPE_OF: Final[dict[bytes, str]] = {
+    **{str(code).encode(): kind for kind, code in TYPE_CODES.items()},
+    **{kind.encode(): kind for kind in TYPE_CODES},
+}
+#: Status of each ``s`` value a writer produces: its code, or (older entries) its name.
+_STATUS_OF: Final[dict[bytes, Status]] = {
+    **{str(code).encode(): status for status, code in STATUS_CODES.items()},
+    **{status.value.encode(): status for status in Status},
+}
 
 
 class MalformedEntry(ValueError):
@@ -68,15 +81,15 @@ class FeedEntry(msgspec.Struct, frozen=True, kw_only=True):
                 run_id=fields[b"r"].decode(),
                 tool_call_id=fields[b"c"].decode(),
                 version=int(fields[b"v"]),
-                event_type=fields[b"t"].decode(),
-                status=Status(fields[b"s"].decode()),
+                event_type=_EVENT_TYPE_OF[fields[b"t"]],
+                status=_STATUS_OF[fields[b"s"]],
             )
         except (KeyError, ValueError, UnicodeDecodeError):
             raise MalformedEntry("feed entry has missing or invalid fields") from None
         if not (is_safe_id(entry.run_id) and is_safe_id(entry.tool_call_id)):
             raise MalformedEntry("feed entry names an unsafe id")
-        if entry.version < 1 or entry.event_type not in EVENT_TYPES:
-            raise MalformedEntry("feed entry has an invalid version or event type")
+        if entry.version < 1:
+            raise MalformedEntry("feed entry has an invalid version")
         return entry
 
 

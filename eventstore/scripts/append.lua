@@ -83,6 +83,7 @@ end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local feed_id = redis.call('XADD', feed, '*',
-  'r', run_id, 'c', tool_call_id, 'v', version, 't', event_type, 's', STATUS_OF[dest])
+  'r', run_id, 'c', tool_call_id, 'v', version, 't', FEED_TYPE_CODE[event_type],
+  's', FEED_STATUS_CODE[dest])
 trim_feed(feed, now_ms, retention_ms)
 return {'ok', version, feed_id, tonumber(rec[4])}

@@ -87,6 +87,6 @@ redis.call('XADD', stream, '*', 'e', event_data)
 redis.call('PEXPIREAT', stream, expires_at_ms)
 
 local feed_id = redis.call('XADD', feed, '*',
-  'r', run_id, 'c', tool_call_id, 'v', 1, 't', 'Preflighted', 's', STATUS_OF[stage])
+  'r', run_id, 'c', tool_call_id, 'v', 1, 't', FEED_TYPE_CODE['Preflighted'], 's', FEED_STATUS_CODE[stage])
 trim_feed(feed, now_ms, retention_ms)
 return {'ok', 1, feed_id, expires_at_ms}

@@ -17,6 +17,7 @@ from eventstore.embedded import EmbeddedRedis
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus, Status
+from projections.feed import FeedEntry
 from tests.faults.proxy import CuttingProxy
 from tests.support.calls import RUN, TOOL, envelope, open_run, outcome
 from tests.support.tools import FakeTool
@@ -65,8 +66,8 @@ async def feed_entries(admin: Redis, store: Store, call: str) -> list[tuple[int,
     """(version, type) of every feed entry of one call, in feed order."""
     entries = await admin.xrange(store.keys.feed_of(RUN))
     return [
-        (int(fields[b"v"]), fields[b"t"].decode())
-        for _, fields in entries
+        (int(fields[b"v"]), FeedEntry.parse(0, entry_id.decode(), fields).event_type)
+        for entry_id, fields in entries
         if fields[b"c"] == call.encode()
     ]
 

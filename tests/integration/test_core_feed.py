@@ -21,6 +21,8 @@ from redis.asyncio import Redis
 from eventstore.errors import InvalidArgument
 from eventstore.store import FEED_GRACE, Store
 from eventstore.writer import Writer
+from machine.codes import ErrorCode, EvidenceStatus, Status
+from projections.feed import FeedEntry
 from tests.helpers import RAW, REQUEST, TOOL, open_store
 
 RUN = "run-1"
@@ -198,3 +200,35 @@ async def test_a_new_group_that_has_read_nothing_keeps_every_entry(
     await redis.xgroup_create(feed, "receipts", id="0")
     await store.writer.create(RUN, "call-1", TOOL, REQUEST)
     assert (await ids_left(redis, feed))[:PER_GROUP] == seeded
+
+
+async def test_each_committed_event_adds_one_entry_with_type_and_status_codes(
+    store: Store, redis: Redis
+) -> None:
+    """A feed entry names the invocation and carries the version, the event type code and
+    the status code the event gave the record: a few bytes, never a payload."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={TOOL: None})
+    writer = store.writer
+    done = await writer.create(RUN, "ok", TOOL, REQUEST)
+    done = await writer.start_projecting(done, RAW)
+    await writer.complete(done, b'"r"', EvidenceStatus.NO_EVIDENCE, "scope")
+    failed = await writer.create(RUN, "bad", TOOL, REQUEST)
+    await writer.fail(failed, ErrorCode.EXECUTION_FAILED)
+
+    entries = await redis.xrange(store.keys.feed_of(RUN))
+
+    assert [fields for _, fields in entries] == [
+        {b"r": RUN.encode(), b"c": b"ok", b"v": b"1", b"t": b"1", b"s": b"1"},
+        {b"r": RUN.encode(), b"c": b"ok", b"v": b"2", b"t": b"2", b"s": b"1"},
+        {b"r": RUN.encode(), b"c": b"ok", b"v": b"3", b"t": b"3", b"s": b"2"},
+        {b"r": RUN.encode(), b"c": b"bad", b"v": b"1", b"t": b"1", b"s": b"1"},
+        {b"r": RUN.encode(), b"c": b"bad", b"v": b"2", b"t": b"4", b"s": b"3"},
+    ]
+    parsed = [FeedEntry.parse(0, i.decode(), fields) for i, fields in entries]
+    assert [(e.event_type, e.status) for e in parsed] == [
+        ("Preflighted", Status.PROJECTING),
+        ("ProjectingStarted", Status.PROJECTING),
+        ("Completed", Status.READY),
+        ("Preflighted", Status.PROJECTING),
+        ("Failed", Status.ERROR),
+    ]
