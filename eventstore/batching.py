@@ -1,15 +1,18 @@
 """Auto-pipelining: script calls issued in the same event-loop turn share one round trip.
 
-Every concurrent ``await batcher.call(script, keys, args)`` made before the loop gets back
-to its selector is queued; the first call of a turn schedules a flush with
-``loop.call_soon``, and the flush sends the queue as one non-transactional pipeline of
-EVALSHA commands (a lone call goes out as a plain EVALSHA). Each caller gets its own reply
-or its own exception: one failing script never fails its neighbours.
+Every concurrent ``await batcher.call(script, keys, args)`` is queued; the first call of
+a turn schedules a flush with ``loop.call_soon``, and the flush starts as many *lanes* as
+the queue needs, at most ``max_lanes``. A lane takes one pooled connection and sends the
+queue, ``max_batch`` calls at a time, as non-transactional pipelines of EVALSHA
+commands, until the queue is empty; then it gives the connection back. Under load a lane
+keeps its connection from one pipeline to the next (taking one from the pool and giving
+it back costs more than the rest of a round trip), and calls queued while every lane is
+busy go with the next pipeline a lane sends. Each caller gets its own reply or its own
+exception: one failing script never fails its neighbours.
 
-Ordering: a pipeline carries its calls in the order they were made. A turn larger than
-``max_batch`` is split, and pipelines travel on different pooled connections, so calls of
-different pipelines may run in either order: harmless, because two events of one
-invocation are never in flight together (each append awaits the previous one).
+Ordering: a pipeline carries its calls in the order they were made. Pipelines of
+different lanes may run in either order: harmless, because two events of one invocation
+are never in flight together (each append awaits the previous one).
 
 NOSCRIPT (a restarted server, ``SCRIPT FLUSH``) is answered by loading the script and
 re-sending only the commands that were refused: a refused EVALSHA did not run, so the
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from collections import deque
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Final, cast
@@ -43,6 +47,8 @@ from redis.typing import EncodableT, KeyT
 #: flight: Redis runs one while the client reads and prepares another. 8 measured best on
 #: 2 cores at 16 and 64 concurrent writers (docs/performance.md); 32 and 64 were slower.
 DEFAULT_MAX_BATCH: Final = 8
+#: Most pipelines in flight at once (one connection each).
+DEFAULT_MAX_LANES: Final = 8
 
 
 async def call_script(script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]) -> Any:
@@ -103,17 +109,27 @@ class ScriptBatcher:
     Args:
         client: the asyncio client; a cluster client is not batched (see module doc).
         max_batch: most commands per pipeline.
+        max_lanes: most pipelines in flight at once, each on its own pooled connection.
 
     """
 
-    def __init__(self, client: Redis, *, max_batch: int = DEFAULT_MAX_BATCH) -> None:
-        if max_batch < 1:
-            raise ValueError("max_batch must be at least 1")
+    def __init__(
+        self,
+        client: Redis,
+        *,
+        max_batch: int = DEFAULT_MAX_BATCH,
+        max_lanes: int = DEFAULT_MAX_LANES,
+    ) -> None:
+        if max_batch < 1 or max_lanes < 1:
+            raise ValueError("max_batch and max_lanes must be at least 1")
         self._client = client
         self._max_batch = max_batch
+        self._max_lanes = max_lanes
         self._enabled = isinstance(client, Redis)
-        self._queue: list[_Call] = []
+        self._queue: deque[_Call] = deque()
         self._flush_scheduled = False
+        self._lanes = 0
+        self._connected = 0  # lanes holding a connection
         self._in_flight: set[asyncio.Task[None]] = set()
         self.stats = BatchStats()
 
@@ -162,32 +178,74 @@ class ScriptBatcher:
             raise
 
     async def drain(self) -> None:
-        """Wait until every batch already sent has been answered."""
+        """Wait until every call already made has been answered."""
         while self._in_flight or self._queue:
             await asyncio.gather(*self._in_flight, asyncio.sleep(0), return_exceptions=True)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        # A caller cancelled before the flush never reaches Redis.
-        queue = [call for call in self._queue if not call.future.done()]
-        self._queue = []
+        wanted = -(-len(self._queue) // self._max_batch)
         loop = asyncio.get_running_loop()
-        for start in range(0, len(queue), self._max_batch):
-            task = loop.create_task(self._send(queue[start : start + self._max_batch]))
+        for _ in range(min(wanted, self._max_lanes - self._lanes)):
+            self._lanes += 1
+            task = loop.create_task(self._lane())
             self._in_flight.add(task)
             task.add_done_callback(self._in_flight.discard)
 
-    async def _send(self, batch: list[_Call]) -> None:
+    def _take(self) -> list[_Call]:
+        """The next pipeline: up to ``max_batch`` queued calls whose callers still wait."""
+        queue, batch = self._queue, list[_Call]()
+        while queue and len(batch) < self._max_batch:
+            call = queue.popleft()
+            if not call.future.done():  # a caller cancelled before sending never reaches Redis
+                batch.append(call)
+        return batch
+
+    async def _lane(self) -> None:
+        """Send pipelines on one connection until the queue is empty, then give it back.
+
+        The connection comes first and the calls after: a lane waiting for the pool holds
+        no calls, so a small pool shared with busy lanes delays nobody.
+        """
+        pool = self._client.connection_pool
+        connection: Connection | None = None
         try:
-            replies = await self._execute(batch)
-        except asyncio.CancelledError:
-            for call in batch:
-                call.future.cancel()
-            raise
-        except Exception as exc:
-            for call in batch:
-                if not call.future.done():
-                    call.future.set_exception(exc)
+            while self._queue:
+                if connection is None:
+                    try:
+                        connection = cast(Connection, await pool.get_connection())  # type: ignore[no-untyped-call]
+                    except Exception as exc:
+                        if self._connected:  # the lanes that have one serve the queue
+                            return
+                        _settle_failed(self._take(), exc)  # no connection: this pipeline fails
+                        continue
+                    self._connected += 1
+                batch = self._take()
+                if batch:
+                    await self._send(batch, connection)
+        finally:
+            # Counted out before any await: a call queued from now on starts a new lane.
+            self._lanes -= 1
+            if connection is not None:
+                self._connected -= 1
+            # The last lane leaves nothing behind (it only can if it was cancelled).
+            waiting = not self._lanes and any(not call.future.done() for call in self._queue)
+            if waiting and not self._flush_scheduled:
+                self._flush_scheduled = True
+                asyncio.get_running_loop().call_soon(self._flush)
+            if connection is not None:
+                await pool.release(connection)
+
+    async def _send(self, batch: list[_Call], connection: Connection) -> None:
+        try:
+            replies = await self._execute(batch, connection)
+        except BaseException as exc:
+            # Whatever was left unread must not answer the next pipeline: drop it (the
+            # next send reconnects).
+            await connection.disconnect(nowait=True)
+            _settle_failed(batch, exc)
+            if not isinstance(exc, Exception):
+                raise
             return
         for call, reply in zip(batch, replies, strict=True):
             if call.future.done():
@@ -197,23 +255,28 @@ class ScriptBatcher:
             else:
                 call.future.set_result(reply)
 
-    async def _execute(self, batch: list[_Call]) -> list[Any]:
-        replies = await self._round_trip(batch)
+    async def _execute(self, batch: list[_Call], connection: Connection) -> list[Any]:
+        replies = await self._round_trip(batch, connection)
         refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if refused:
             scripts = {id(batch[i].script): batch[i].script for i in refused}
             for script in scripts.values():
-                script.sha = await self._client.script_load(script.script)
+                # On the lane's own connection: with a small pool held by busy lanes, one
+                # more connection could be long in coming.
+                script.sha = await connection.retry.call_with_retry(
+                    lambda: _load(connection, script.script),  # noqa: B023 - awaited here
+                    lambda _error: connection.disconnect(),
+                )
                 self.stats.reloads += 1
             again = [batch[i] for i in refused]
             for call in again:
                 call.packed = pack_evalsha(call.script.sha, call.args)
-            for i, reply in zip(refused, await self._round_trip(again), strict=True):
+            for i, reply in zip(refused, await self._round_trip(again, connection), strict=True):
                 replies[i] = reply
         return replies
 
-    async def _round_trip(self, batch: list[_Call]) -> list[Any]:
-        """Send ``batch`` on one pooled connection; error replies come back in place.
+    async def _round_trip(self, batch: list[_Call], connection: Connection) -> list[Any]:
+        """Send ``batch`` on ``connection``; error replies come back in place.
 
         Connection errors and timeouts are retried with the connection's ``Retry``
         (the client's), as redis-py retries a pipeline: the connection is dropped and the
@@ -222,9 +285,6 @@ class ScriptBatcher:
         stats = self.stats
         stats.largest_batch = max(stats.largest_batch, len(batch))
         packed = [call.packed for call in batch]
-        pool = self._client.connection_pool
-        connection = cast(Connection, await pool.get_connection())  # type: ignore[no-untyped-call]
-
         attempts = 0
 
         async def exchange() -> list[Any]:
@@ -234,13 +294,29 @@ class ScriptBatcher:
             stats.resends += attempts > 1
             return await _exchange(connection, packed)
 
-        try:
-            replies: list[Any] = await connection.retry.call_with_retry(
-                exchange, lambda _error: connection.disconnect()
-            )
-        finally:
-            await pool.release(connection)
+        replies: list[Any] = await connection.retry.call_with_retry(
+            exchange, lambda _error: connection.disconnect()
+        )
         return replies
+
+
+async def _load(connection: Connection, source: EncodableT) -> str:
+    """``SCRIPT LOAD`` on ``connection``; return the script's SHA."""
+    command = cast(bytes, hiredis.pack_command(("SCRIPT", "LOAD", source)))  # type: ignore[arg-type]
+    await connection.send_packed_command(command, check_health=False)
+    sha = await connection.read_response()
+    return sha.decode() if isinstance(sha, bytes) else str(sha)
+
+
+def _settle_failed(batch: list[_Call], exc: BaseException) -> None:
+    """Fail every call of ``batch`` still waiting: cancelled with its lane, else with ``exc``."""
+    for call in batch:
+        if call.future.done():
+            continue
+        if isinstance(exc, Exception):
+            call.future.set_exception(exc)
+        else:
+            call.future.cancel()
 
 
 async def _exchange(connection: Connection, packed: list[bytes]) -> list[Any]:

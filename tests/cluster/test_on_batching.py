@@ -28,6 +28,13 @@ EXCLUDED = {
     "test_noscript_after_script_flush_is_recovered_inside_a_batch": _OWN_SERVER,
     "test_killed_connections_are_retried_without_double_writes": _OWN_SERVER,
     "test_an_unreachable_server_fails_every_caller_of_the_batch": _OWN_SERVER,
+    "test_a_stalled_server_times_out_the_batch_and_every_caller_hears_it": _OWN_SERVER,
+    "test_a_short_stall_is_ridden_out_by_the_retries": _OWN_SERVER,
+    "test_connections_kept_under_load_go_back_to_the_pool_when_it_ends": _OWN_SERVER,
+    "test_at_most_max_lanes_pipelines_are_in_flight_each_on_one_connection": _NOT_BATCHED,
+    "test_lanes_and_batches_must_be_at_least_one": (
+        "builds batchers only, touching no server; it already runs once"
+    ),
     "test_a_cluster_client_is_not_batched": (
         "touches no server (an unconnected cluster client); it already runs once"
     ),

@@ -111,6 +111,41 @@ async def test_a_large_turn_is_split_into_pipelines_of_max_batch(
     await redis.delete(key)
 
 
+async def test_at_most_max_lanes_pipelines_are_in_flight_each_on_one_connection(
+    redis_url: str, namespace: str
+) -> None:
+    """A turn of 40 calls with 2 lanes of 4: ten pipelines on two connections, all answered,
+    and the calls of each lane's pipelines in the order they were made."""
+    async with Redis.from_url(redis_url) as client, Redis.from_url(redis_url) as admin:
+        clients_before = (await admin.info("clients"))["connected_clients"]
+        batcher = ScriptBatcher(client, max_batch=4, max_lanes=2)
+        push = client.register_script(PUSH)
+        await client.script_load(PUSH)
+        key = f"{namespace}:lanes"
+
+        replies = await asyncio.gather(*(batcher.call(push, [key], [i]) for i in range(40)))
+
+        assert sorted(replies) == list(range(1, 41))
+        assert (batcher.stats.round_trips, batcher.stats.largest_batch) == (10, 4)
+        assert (await admin.info("clients"))["connected_clients"] <= clients_before + 2
+        pushed = [int(v) for v in await client.lrange(key, 0, -1)]
+        assert sorted(pushed) == list(range(40))
+        # A pipeline is four consecutive calls, which run in the order they were made.
+        position = {value: index for index, value in enumerate(pushed)}
+        for first in range(0, 40, 4):
+            places = [position[value] for value in range(first, first + 4)]
+            assert places == sorted(places)
+        await client.delete(key)
+
+
+def test_lanes_and_batches_must_be_at_least_one() -> None:
+    """A batcher that could never send anything is refused when it is built."""
+    client = Redis()
+    for options in ({"max_batch": 0}, {"max_lanes": 0}):
+        with pytest.raises(ValueError, match="at least 1"):
+            ScriptBatcher(client, **options)
+
+
 async def test_a_failing_command_does_not_fail_its_neighbours(redis: Redis, namespace: str) -> None:
     """A script error reaches only its own caller; the rest of its pipeline succeeds."""
     batcher = ScriptBatcher(redis)
@@ -165,8 +200,11 @@ async def test_a_caller_cancelled_in_flight_leaves_the_others_answered(
     push = redis.register_script(PUSH)
     key = f"{namespace}:flight"
     tasks = [asyncio.create_task(batcher.call(push, [key], [i])) for i in range(6)]
-    for _ in range(3):
-        await asyncio.sleep(0)  # flushed: the batch's task is sending or waiting
+    for _ in range(1000):  # until the batch has been taken for sending
+        if batcher.stats.round_trips:
+            break
+        await asyncio.sleep(0)
+    assert batcher.stats.round_trips == 1
     tasks[0].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError)
@@ -272,6 +310,33 @@ async def test_a_short_stall_is_ridden_out_by_the_retries(private_server: Embedd
         assert {head.version for head in heads} == {3}
         for i in range(8):
             assert len(await store.events(run_id, f"call-{i}")) == 3
+
+
+async def test_connections_kept_under_load_go_back_to_the_pool_when_it_ends(
+    private_server: EmbeddedRedis,
+) -> None:
+    """Between batches the batcher keeps its connections while more calls are coming, and
+    gives every one back once nothing is: a pool of two then serves two readers at once."""
+    store = Store.from_url(private_server.url, namespace="pooled", max_connections=2)
+    async with store:
+        run_id = await _open(store)
+        for burst in range(3):
+            heads = await asyncio.gather(
+                *(_lifecycle(store, run_id, f"call-{burst}-{i}") for i in range(32))
+            )
+            assert {head.version for head in heads} == {3}
+            await store.batcher.drain()
+
+            records = await asyncio.wait_for(
+                asyncio.gather(
+                    *(store.get(run_id, f"call-{burst}-{i}") for i in range(2)),
+                    # Both connections at once: a held one would make this wait.
+                    store.reader.fields(run_id, f"call-{burst}-2"),
+                ),
+                timeout=5,
+            )
+            assert all(record for record in records)
+        assert store.batcher.stats.round_trips < store.batcher.stats.calls
 
 
 def test_a_cluster_client_is_not_batched() -> None:
