@@ -209,6 +209,7 @@ class ScriptBatcher:
         """
         pool = self._client.connection_pool
         connection: Connection | None = None
+        limit_s: float | None = None
         try:
             while self._queue:
                 if connection is None:
@@ -220,9 +221,13 @@ class ScriptBatcher:
                         _settle_failed(self._take(), exc)  # no connection: this pipeline fails
                         continue
                     self._connected += 1
+                    # The lane bounds each exchange, writes and reads together, with one
+                    # timer of this length; with its own timeout set, redis-py would wrap
+                    # every write in a task of its own (wait_for) and every read in a timer.
+                    limit_s, connection.socket_timeout = connection.socket_timeout, None
                 batch = self._take()
                 if batch:
-                    await self._send(batch, connection)
+                    await self._send(batch, connection, limit_s)
         finally:
             # Counted out before any await: a call queued from now on starts a new lane.
             self._lanes -= 1
@@ -234,11 +239,14 @@ class ScriptBatcher:
                 self._flush_scheduled = True
                 asyncio.get_running_loop().call_soon(self._flush)
             if connection is not None:
+                connection.socket_timeout = limit_s
                 await pool.release(connection)
 
-    async def _send(self, batch: list[_Call], connection: Connection) -> None:
+    async def _send(
+        self, batch: list[_Call], connection: Connection, limit_s: float | None
+    ) -> None:
         try:
-            replies = await self._execute(batch, connection)
+            replies = await self._execute(batch, connection, limit_s)
         except BaseException as exc:
             # Whatever was left unread must not answer the next pipeline: drop it (the
             # next send reconnects).
@@ -255,8 +263,10 @@ class ScriptBatcher:
             else:
                 call.future.set_result(reply)
 
-    async def _execute(self, batch: list[_Call], connection: Connection) -> list[Any]:
-        replies = await self._round_trip(batch, connection)
+    async def _execute(
+        self, batch: list[_Call], connection: Connection, limit_s: float | None
+    ) -> list[Any]:
+        replies = await self._round_trip(batch, connection, limit_s)
         refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
         if refused:
             scripts = {id(batch[i].script): batch[i].script for i in refused}
@@ -264,19 +274,22 @@ class ScriptBatcher:
                 # On the lane's own connection: with a small pool held by busy lanes, one
                 # more connection could be long in coming.
                 script.sha = await connection.retry.call_with_retry(
-                    lambda: _load(connection, script.script),  # noqa: B023 - awaited here
+                    lambda: _load(connection, script.script, limit_s),  # noqa: B023 - awaited here
                     lambda _error: connection.disconnect(),
                 )
                 self.stats.reloads += 1
             again = [batch[i] for i in refused]
             for call in again:
                 call.packed = pack_evalsha(call.script.sha, call.args)
-            for i, reply in zip(refused, await self._round_trip(again, connection), strict=True):
+            resent = await self._round_trip(again, connection, limit_s)
+            for i, reply in zip(refused, resent, strict=True):
                 replies[i] = reply
         return replies
 
-    async def _round_trip(self, batch: list[_Call], connection: Connection) -> list[Any]:
-        """Send ``batch`` on ``connection``; error replies come back in place.
+    async def _round_trip(
+        self, batch: list[_Call], connection: Connection, limit_s: float | None
+    ) -> list[Any]:
+        """Send ``batch`` on ``connection`` within ``limit_s`` seconds; errors come back in place.
 
         Connection errors and timeouts are retried with the connection's ``Retry``
         (the client's), as redis-py retries a pipeline: the connection is dropped and the
@@ -292,7 +305,7 @@ class ScriptBatcher:
             attempts += 1
             stats.round_trips += 1
             stats.resends += attempts > 1
-            return await _exchange(connection, packed)
+            return await _exchange(connection, packed, limit_s)
 
         replies: list[Any] = await connection.retry.call_with_retry(
             exchange, lambda _error: connection.disconnect()
@@ -300,11 +313,12 @@ class ScriptBatcher:
         return replies
 
 
-async def _load(connection: Connection, source: EncodableT) -> str:
+async def _load(connection: Connection, source: EncodableT, limit_s: float | None) -> str:
     """``SCRIPT LOAD`` on ``connection``; return the script's SHA."""
     command = cast(bytes, hiredis.pack_command(("SCRIPT", "LOAD", source)))  # type: ignore[arg-type]
-    await connection.send_packed_command(command, check_health=False)
-    sha = await connection.read_response()
+    (sha,) = await _exchange(connection, [command], limit_s)
+    if isinstance(sha, Exception):
+        raise sha
     return sha.decode() if isinstance(sha, bytes) else str(sha)
 
 
@@ -319,24 +333,26 @@ def _settle_failed(batch: list[_Call], exc: BaseException) -> None:
             call.future.cancel()
 
 
-async def _exchange(connection: Connection, packed: list[bytes]) -> list[Any]:
+async def _exchange(
+    connection: Connection, packed: list[bytes], limit_s: float | None
+) -> list[Any]:
     """Write every command, then read one reply per command (all of them, always).
 
-    One timer bounds the whole batch by the connection's socket timeout: redis-py would
-    arm and cancel one per reply, which costs more than the rest of reading it.
+    One timer bounds the whole exchange (``None``: unbounded), where redis-py would start
+    a task for the write and arm a timer per reply.
     """
-    await connection.send_packed_command(packed, check_health=False)
     replies: list[Any] = []
     try:
-        async with asyncio.timeout(connection.socket_timeout):
+        async with asyncio.timeout(limit_s):
+            await connection.send_packed_command(packed, check_health=False)
             for _ in packed:
                 try:
                     replies.append(await connection.read_response(timeout=math.inf))
                 except ResponseError as exc:
                     replies.append(exc)
     except TimeoutError:
-        # As redis-py does for its own read timeout: the connection is dropped (its
-        # replies are out of step now) and the error is one its Retry re-sends after.
+        # As redis-py does for its own timeouts: the connection is dropped (its replies
+        # are out of step now) and the error is one its Retry re-sends after.
         await connection.disconnect(nowait=True)
-        raise RedisTimeoutError("Timeout reading from Redis") from None
+        raise RedisTimeoutError("Timeout talking to Redis") from None
     return replies

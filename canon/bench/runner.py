@@ -63,7 +63,7 @@ class BenchOptions:
     @classmethod
     def full_run(cls) -> BenchOptions:
         """The figures of docs/performance.md (several minutes; 1M stored needs ~4 GB)."""
-        return cls(False, 5, 0.3, 2.0, (1, 16, 64), 5_000, (10_000, 100_000, 1_000_000), 1.0, 10.0)
+        return cls(False, 5, 0.3, 2.0, (1, 16, 64), 5_000, (10_000, 100_000, 1_000_000), 2.0, 10.0)
 
     def on(self, redis_url: str | None, redis_server: str | None) -> BenchOptions:
         """These options against ``redis_url`` or with a given ``redis-server`` binary."""
@@ -254,7 +254,7 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
             urls,
             list(options.scale_sizes),
             namespace="scale" + secrets.token_hex(4),
-            repeats=1 if options.quick else 3,
+            repeats=1 if options.quick else options.repeats,
             warmup_s=options.warmup_s,
             duration_s=options.scale_duration_s,
             progress=progress,
