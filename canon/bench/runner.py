@@ -50,6 +50,7 @@ class BenchOptions:
     concurrency: tuple[int, ...]
     memory_invocations: int
     scale_sizes: tuple[int, ...]
+    scale_repeats: int
     scale_duration_s: float
     lag_duration_s: float
     redis_url: str | None = None
@@ -58,12 +59,14 @@ class BenchOptions:
     @classmethod
     def quick_run(cls) -> BenchOptions:
         """CI-size numbers in well under a minute."""
-        return cls(True, 2, 0.1, 0.4, (1, 16, 64), 500, (2_000, 10_000), 0.3, 1.5)
+        return cls(True, 2, 0.1, 0.4, (1, 16, 64), 500, (2_000, 10_000), 1, 0.3, 1.5)
 
     @classmethod
     def full_run(cls) -> BenchOptions:
         """The figures of docs/performance.md (several minutes; 1M stored needs ~4 GB)."""
-        return cls(False, 5, 0.3, 2.0, (1, 16, 64), 5_000, (10_000, 100_000, 1_000_000), 2.0, 10.0)
+        # Scale: many short rounds, so each pair of samples compared is close in time.
+        sizes = (10_000, 100_000, 1_000_000)
+        return cls(False, 5, 0.3, 2.0, (1, 16, 64), 5_000, sizes, 10, 1.0, 10.0)
 
     def on(self, redis_url: str | None, redis_server: str | None) -> BenchOptions:
         """These options against ``redis_url`` or with a given ``redis-server`` binary."""
@@ -254,7 +257,7 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
             urls,
             list(options.scale_sizes),
             namespace="scale" + secrets.token_hex(4),
-            repeats=1 if options.quick else options.repeats,
+            repeats=options.scale_repeats,
             warmup_s=options.warmup_s,
             duration_s=options.scale_duration_s,
             progress=progress,

@@ -1,0 +1,12 @@
+"""On the cluster: tool time limits at the boundary.
+
+The tests of ``tests/integration/test_boundary_time_limits.py``, collected again
+(``reuse.py``).
+"""
+
+from __future__ import annotations
+
+from tests.cluster.reuse import single_server_tests
+from tests.integration import test_boundary_time_limits as single_server
+
+globals().update(single_server_tests(single_server))
