@@ -8,10 +8,10 @@ write. An append that fewer than N replicas acknowledged within T raises
 STORE_UNAVAILABLE: never a silent success. The event did reach the primary; a retry of the
 same event id is answered as already applied, as after any lost reply.
 
-Where batching meets WAIT: :class:`eventstore.batching.ScriptBatcher` sends one pipeline
-per event-loop turn on one pooled connection; one ``WAIT`` appended to the end of that
-pipeline (same connection, after the last EVALSHA) would acknowledge the whole batch at
-the cost of one command. Until the batcher offers that hook, replicated stores send each
+Where batching meets WAIT: :class:`eventstore.batching.ScriptBatcher` sends each
+pipeline on the connection of the lane that took it; one ``WAIT`` appended to the end of
+that pipeline (same connection, after the last EVALSHA) would acknowledge the whole batch
+at the cost of one command. Until the batcher offers that hook, replicated stores send each
 append on its own (:class:`ReplicaAcknowledgedCalls`).
 """
 
