@@ -6,7 +6,7 @@ than the rest of the guard. :class:`Deadlines` records when each guarded task mu
 done and checks them all with one timer that runs only while something is guarded, every
 ``resolution`` seconds: a limit is kept to within that resolution.
 
-A task that overruns is cancelled, and its block raises :class:`TimeoutError`, as with
+A task that overruns is cancelled, and its await raises :class:`TimeoutError`, as with
 ``asyncio.timeout``; a cancellation that came from elsewhere stays a cancellation.
 """
 
@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable
-from types import TracebackType
 from typing import Any, Final, TypeVar
 
 T = TypeVar("T")
@@ -24,10 +23,10 @@ DEFAULT_RESOLUTION_S: Final = 0.05
 
 
 class Deadlines:
-    """Guards awaits with one time limit: ``async with deadlines.guard(): ...``.
+    """Bounds awaits by one time limit: ``await deadlines.run(awaitable)``.
 
     Args:
-        seconds: how long a guarded block may take.
+        seconds: how long a bounded await may take.
         resolution: how often overruns are looked for (default: a quarter of
             ``seconds``, at most 50 ms); a block is stopped at most this late.
 
@@ -44,12 +43,12 @@ class Deadlines:
         self._ticker: asyncio.TimerHandle | None = None
         self._ticker_loop: asyncio.AbstractEventLoop | None = None
 
-    def guard(self) -> _Guard:
-        """A context manager that bounds its block by :attr:`seconds`."""
-        return _Guard(self)
-
     async def run(self, awaitable: Awaitable[T], task: asyncio.Task[Any] | None = None) -> T:
-        """Await ``awaitable`` within :attr:`seconds`, as ``guard()`` would bound it.
+        """Await ``awaitable`` within :attr:`seconds`.
+
+        A call made while the same task is already inside ``run`` of these deadlines (a
+        tool that calls the boundary again) is bounded by the outer call, whose deadline,
+        taken earlier, comes first.
 
         Args:
             awaitable: what to wait for.
@@ -81,10 +80,10 @@ class Deadlines:
 
     def _enter(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
         if task in self._active:
-            raise RuntimeError("a task is already inside a guarded block")
+            raise RuntimeError("a task is already inside a bounded await")
         self._active[task] = (loop.time() + self.seconds, task.cancelling())
         if self._ticker is None or self._ticker_loop is not loop:
-            # (A guard used from another event loop than the last one gets its own ticker.)
+            # (Deadlines used from another event loop than the last one get their own ticker.)
             self._ticker = loop.call_later(self.resolution, self._tick, loop)
             self._ticker_loop = loop
 
@@ -109,35 +108,3 @@ class Deadlines:
                 self._expired.add(task)
                 task.cancel()
         self._ticker = loop.call_later(self.resolution, self._tick, loop)
-
-
-class _Guard:
-    """One guarded block of a :class:`Deadlines` (see :meth:`Deadlines.guard`)."""
-
-    __slots__ = ("_deadlines", "_nested", "_task")
-
-    def __init__(self, deadlines: Deadlines) -> None:
-        self._deadlines = deadlines
-
-    async def __aenter__(self) -> None:
-        task = asyncio.current_task()
-        if task is None:
-            raise RuntimeError("a deadline guard needs a running task")
-        self._task = task
-        # Nested in a block of the same deadlines (a tool that calls the boundary again):
-        # the outer block began earlier, so its deadline comes first and bounds both.
-        self._nested = task in self._deadlines._active
-        if not self._nested:
-            self._deadlines._enter(task, asyncio.get_running_loop())
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        traceback: TracebackType | None,
-    ) -> None:
-        if self._nested:
-            return
-        cancelled = exc_type is not None and issubclass(exc_type, asyncio.CancelledError)
-        if self._deadlines._exit(self._task, cancelled):
-            raise TimeoutError from exc

@@ -200,16 +200,7 @@ async def measure_scale(
                 samples[index].append(await sites[index].run_writer(repeat, warmup_s, duration_s))
         base = samples[0]
         return [
-            ScalePoint(
-                stored=size,
-                bytes_per_invocation=byte_figure,
-                invocations_per_s=statistics.median(s.invocations_per_s for s in runs),
-                server_cpu_us=statistics.median(s.server_cpu_us for s in runs),
-                server_cpu_ratio=statistics.median(
-                    run.server_cpu_us / first.server_cpu_us
-                    for run, first in zip(runs, base, strict=True)
-                ),
-            )
+            _point(size, byte_figure, runs, base)
             for size, byte_figure, runs in zip(sizes, byte_figures, samples, strict=True)
         ]
     finally:
@@ -236,14 +227,28 @@ async def _in_turn(
             await site.filler.fill_to(size)
             byte_figure = await site.bytes_per_invocation()
             runs = [await site.run_writer(n, warmup_s, duration_s) for n in range(repeats)]
-            points.append(
-                ScalePoint(
-                    stored=size,
-                    bytes_per_invocation=byte_figure,
-                    invocations_per_s=statistics.median(s.invocations_per_s for s in runs),
-                    server_cpu_us=statistics.median(s.server_cpu_us for s in runs),
-                )
-            )
+            points.append(_point(size, byte_figure, runs))
     finally:
         await site.close()
     return points
+
+
+def _point(
+    stored: int, byte_figure: float, runs: list[Sample], base: list[Sample] | None = None
+) -> ScalePoint:
+    """One size's figures: the medians over its runs.
+
+    Given the smallest size's runs, taken in the same rounds, also the median of the
+    per-round ratios of Redis CPU per invocation to them.
+    """
+    return ScalePoint(
+        stored=stored,
+        bytes_per_invocation=byte_figure,
+        invocations_per_s=statistics.median(s.invocations_per_s for s in runs),
+        server_cpu_us=statistics.median(s.server_cpu_us for s in runs),
+        server_cpu_ratio=None
+        if base is None
+        else statistics.median(
+            run.server_cpu_us / first.server_cpu_us for run, first in zip(runs, base, strict=True)
+        ),
+    )
