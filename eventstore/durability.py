@@ -48,7 +48,7 @@ DURABILITY_SETTINGS: Final = ("appendonly", "appendfsync", "maxmemory-policy")
 
 
 class DurabilityError(CanonError):
-    """Raised in strict mode when the server could lose or evict records.
+    """Raised when, in strict mode, the server could lose or evict records.
 
     Attributes:
         risks: the risks found (see the module table) and ``<setting>=unverified`` for

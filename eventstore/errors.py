@@ -1,5 +1,8 @@
 """The store's rooted error hierarchy. Redis exceptions are translated here, at the edge.
 
+The root, :class:`CanonError`, and :class:`InvalidArgument` are defined in
+:mod:`machine.errors` (so the pure fold's errors can derive from them) and re-exported
+here; every error of ``eventstore``, ``projections`` and ``canon`` derives from the root.
 No message built here contains a payload, a Redis key, a token or Redis error text.
 """
 
@@ -11,10 +14,19 @@ from contextlib import asynccontextmanager
 import redis.exceptions
 
 from machine.codes import ErrorCode
+from machine.errors import CanonError, InvalidArgument
 
-
-class CanonError(Exception):
-    """Root of every error the store raises."""
+__all__ = [
+    "CanonError",
+    "EmbeddedRedisError",
+    "InvalidArgument",
+    "NamespaceMismatch",
+    "RecordExpired",
+    "Refused",
+    "RunExists",
+    "StoreUnavailable",
+    "redis_errors",
+]
 
 
 class StoreUnavailable(CanonError):
@@ -55,12 +67,12 @@ class RunExists(CanonError):
     """Raised when ``open_run`` names a run id that is already registered."""
 
 
-class InvalidArgument(CanonError, ValueError):
-    """Raised when a caller passes an id, limit or setting the store cannot accept."""
-
-
 class NamespaceMismatch(CanonError):
     """Raised when a namespace is opened with a shard count other than the one it has."""
+
+
+class EmbeddedRedisError(CanonError, RuntimeError):
+    """Raised when a ``redis-server`` binary cannot be found, started or reached."""
 
 
 @asynccontextmanager

@@ -52,7 +52,7 @@ def generation_kind(kind: str, generation: int) -> str:
     the generation number in the kind keeps their keys apart.
     """
     if generation < 1:
-        raise ValueError("generation must be at least 1")
+        raise InvalidArgument("generation must be at least 1")
     return kind if generation == 1 else f"{kind}.g{generation}"
 
 
@@ -99,9 +99,9 @@ class Keys:
 
     def __post_init__(self) -> None:
         if not is_safe_id(self.namespace) or len(self.namespace) > 32:
-            raise ValueError("namespace must be a safe id of at most 32 characters")
+            raise InvalidArgument("namespace must be a safe id of at most 32 characters")
         if not 1 <= self.shards <= 1024:
-            raise ValueError("shards must be between 1 and 1024")
+            raise InvalidArgument("shards must be between 1 and 1024")
 
     def tag(self, shard: int) -> str:
         """Return the key prefix of one shard, hash tag included."""

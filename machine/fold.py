@@ -12,6 +12,7 @@ from typing import Final
 import msgspec
 
 from machine.codes import ErrorCode, EvidenceStatus, Stage, Status
+from machine.errors import CanonError
 from machine.events import (
     GENESIS_HASH,
     Completed,
@@ -26,7 +27,7 @@ from machine.events import (
 from machine.lifecycle import EVIDENCE_ALLOWED, STATUS_OF, next_stage
 
 
-class FoldError(Exception):
+class FoldError(CanonError):
     """Raised when an event cannot be applied to a state; carries the reason."""
 
     reason = "fold_error"

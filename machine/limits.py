@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import msgspec
 
+from machine.errors import InvalidArgument
+
 
 class Limits(msgspec.Struct, frozen=True, kw_only=True):
     """Byte limits of one store. Every size is UTF-8 bytes of the encoded JSON.
@@ -33,7 +35,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:
             if getattr(self, name) <= 0:
-                raise ValueError(f"limit {name} must be positive")
+                raise InvalidArgument(f"limit {name} must be positive")
 
 
 def utf8_size(text: str) -> int:

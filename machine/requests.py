@@ -12,6 +12,8 @@ from typing import Any, Final
 
 import msgspec
 
+from machine.errors import CanonError
+
 
 def _mapping_as_dict(value: Any) -> Any:
     # Only reached for mappings that are not dicts (already checked by _check).
@@ -23,7 +25,7 @@ def _mapping_as_dict(value: Any) -> Any:
 _encoder: Final = msgspec.json.Encoder(enc_hook=_mapping_as_dict)
 
 
-class InvalidRequest(ValueError):
+class InvalidRequest(CanonError, ValueError):
     """Raised when a tool input is not a finite JSON object within the nesting bound."""
 
 

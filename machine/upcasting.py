@@ -19,13 +19,15 @@ from typing import Any, Final
 
 import msgspec
 
+from machine.errors import CanonError
+
 JSONObject = dict[str, Any]
 Upcaster = Callable[[JSONObject], JSONObject]
 
 _UPCASTERS: dict[tuple[str, int], Upcaster] = {}
 
 
-class UpcastError(msgspec.ValidationError):
+class UpcastError(CanonError, msgspec.ValidationError):
     """Raised when a stored event's schema cannot be brought to the current one.
 
     It is a ``msgspec.ValidationError`` (hence a ``msgspec.DecodeError``), so readers

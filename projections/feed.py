@@ -15,6 +15,7 @@ from typing import Final, Protocol, runtime_checkable
 
 import msgspec
 
+from eventstore.errors import CanonError
 from machine.codes import Status
 from machine.compact import STATUS_CODES, TYPE_CODES
 from machine.ids import is_safe_id
@@ -31,7 +32,7 @@ _STATUS_OF: Final[dict[bytes, Status]] = {
 }
 
 
-class MalformedEntry(ValueError):
+class MalformedEntry(CanonError, ValueError):
     """Raised when a feed entry lacks a field or holds a value no writer produces."""
 
 

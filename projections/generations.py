@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Final, Protocol, Self, cast, runtime_checkable
 
-from eventstore.errors import redis_errors
+from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.store import Store
 
 #: Metadata field naming a projection's current generation.
@@ -40,7 +40,7 @@ class Generational(Protocol):
 def group_name(projection: str, generation: int) -> str:
     """Return the consumer group (and position) name of ``projection`` at ``generation``."""
     if generation < 1:
-        raise ValueError("generation must be at least 1")
+        raise InvalidArgument("generation must be at least 1")
     return projection if generation == 1 else f"{projection}.g{generation}"
 
 

@@ -14,14 +14,14 @@ import redis.exceptions
 from redis.asyncio import ConnectionPool, Redis
 from redis.typing import KeyT, StreamIdT
 
-from eventstore.errors import StoreUnavailable, redis_errors
+from eventstore.errors import CanonError, StoreUnavailable, redis_errors
 from eventstore.store import Store
 
 #: A delivered entry: its id and fields (None or empty when the stream entry is gone).
 Entry = tuple[str, dict[bytes, bytes] | None]
 
 
-class GroupMissing(Exception):
+class GroupMissing(CanonError):
     """Raised when a feed has no such consumer group (it was deleted, or never created)."""
 
 

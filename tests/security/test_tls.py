@@ -21,7 +21,7 @@ import pytest
 
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.embedded import ServerBinary, find_redis_server
+from eventstore.binaries import ServerBinary, find_redis_server
 from eventstore.errors import StoreUnavailable
 from machine.codes import ErrorCode, Status
 from projections import ReceiptWorker
