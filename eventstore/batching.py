@@ -44,6 +44,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
 from eventstore.errors import InvalidArgument
+from eventstore.replies import reply_text
 
 #: Most commands per pipeline. A larger turn is split so that several pipelines are in
 #: flight: Redis runs one while the client reads and prepares another. 8 measured best on
@@ -321,7 +322,7 @@ async def _load(connection: Connection, source: EncodableT, limit_s: float | Non
     (sha,) = await _exchange(connection, [command], limit_s)
     if isinstance(sha, Exception):
         raise sha
-    return sha.decode() if isinstance(sha, bytes) else str(sha)
+    return reply_text(sha)
 
 
 def _settle_failed(batch: list[_Call], exc: BaseException) -> None:

@@ -37,6 +37,7 @@ from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from eventstore.errors import CanonError, InvalidArgument, redis_errors
+from eventstore.replies import reply_text
 from eventstore.server_settings import SETTING_NAMES, server_settings_warnings
 
 log = structlog.get_logger("canon.durability")
@@ -116,16 +117,12 @@ class DurabilityReport:
         return [f"{name}=unverified" for name, value in values.items() if value is None]
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _config_values(replies: Iterable[Any]) -> dict[str, str]:
     """Merge CONFIG GET replies of one server; error replies (CONFIG refused) are skipped."""
     values: dict[str, str] = {}
     for reply in replies:
         if isinstance(reply, Mapping):
-            values.update({_text(name): _text(value) for name, value in reply.items()})
+            values.update({reply_text(name): reply_text(value) for name, value in reply.items()})
     return values
 
 
@@ -205,7 +202,7 @@ async def read_durability(
         if policy is None:
             memory = await _info(client, "memory")
             if memory is not None and "maxmemory_policy" in memory:
-                policy, source = _text(memory["maxmemory_policy"]), "info"
+                policy, source = reply_text(memory["maxmemory_policy"]), "info"
         connected = None
         if replicas:
             replication = await _info(client, "replication")

@@ -27,6 +27,7 @@ from redis.typing import EncodableT, KeyT
 
 from eventstore.batching import ScriptBatcher
 from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.replies import reply_text
 
 DEFAULT_REPLICA_TIMEOUT_MS: Final = 500
 
@@ -62,12 +63,8 @@ def validate_replicas(
         raise InvalidArgument("replica_timeout_ms must be positive and below the command timeout")
 
 
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _refused(reply: Any) -> bool:
-    return isinstance(reply, list) and bool(reply) and _text(reply[0]) == "refused"
+    return isinstance(reply, list) and bool(reply) and reply_text(reply[0]) == "refused"
 
 
 class ReplicaAcknowledgedCalls(ScriptBatcher):

@@ -16,6 +16,7 @@ from redis.asyncio import Redis
 from redis.exceptions import RedisError
 
 from eventstore.embedded import RECOMMENDED_SERVER_ARGS
+from eventstore.replies import reply_text
 
 #: The recommended server settings, by the name Redis 6.2 and 7.x both accept.
 RECOMMENDED_SETTINGS: Final = dict(RECOMMENDED_SERVER_ARGS)
@@ -47,10 +48,6 @@ _HASH_VALUE_BYTES: Final = int(RECOMMENDED_SETTINGS["hash-max-ziplist-value"])
 _COSTLIER: Final = "records cost more than the figures in docs/performance.md"
 
 
-def _text(value: str | bytes | int) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 def _number(config: Mapping[str, str], *names: str) -> int | None:
     """The first of ``names`` that ``config`` holds, as an int (None if absent or bad)."""
     value = next((config[name] for name in names if config.get(name)), None)
@@ -71,7 +68,7 @@ def server_settings_warnings(config: Mapping[str, str | bytes | int]) -> list[st
         Human-readable warnings, most serious first; empty when every setting is fine.
 
     """
-    settings = {_text(name): _text(value) for name, value in config.items()}
+    settings = {reply_text(name): reply_text(value) for name, value in config.items()}
     warnings: list[str] = []
     policy = settings.get("maxmemory-policy")
     if policy is not None and policy != "noeviction":
@@ -120,7 +117,7 @@ async def read_server_settings(client: Redis) -> dict[str, str] | None:
     try:
         for name in SETTING_NAMES:
             reply = cast(dict[bytes | str, bytes | str], await client.config_get(name))
-            settings.update({_text(k): _text(v) for k, v in reply.items()})
+            settings.update({reply_text(k): reply_text(v) for k, v in reply.items()})
     except (RedisError, OSError):
         return None
     return settings

@@ -15,6 +15,7 @@ from redis.asyncio import ConnectionPool, Redis
 from redis.typing import KeyT, StreamIdT
 
 from eventstore.errors import CanonError, StoreUnavailable, redis_errors
+from eventstore.replies import reply_text
 from eventstore.store import Store
 
 #: A delivered entry: its id and fields (None or empty when the stream entry is gone).
@@ -23,10 +24,6 @@ Entry = tuple[str, dict[bytes, bytes] | None]
 
 class GroupMissing(CanonError):
     """Raised when a feed has no such consumer group (it was deleted, or never created)."""
-
-
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
 
 
 async def ensure_group(client: Redis, feed: str, group: str) -> None:
@@ -92,7 +89,7 @@ async def read_groups(
         raise StoreUnavailable(type(exc).__name__) from None
     by_feed = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3 or RESP2
     return {
-        _text(feed): [(_text(entry_id), fields) for entry_id, fields in entries]
+        reply_text(feed): [(reply_text(entry_id), fields) for entry_id, fields in entries]
         for feed, entries in by_feed
         if entries
     }
@@ -115,8 +112,10 @@ async def claim_idle(
     """
     async with redis_errors():
         reply = await client.xautoclaim(feed, group, consumer, min_idle_ms, cursor, count=count)
-    named = [(_text(entry_id), fields) for entry_id, fields in reply[1] if entry_id is not None]
-    return _text(reply[0]), named, len(reply[1])
+    named = [
+        (reply_text(entry_id), fields) for entry_id, fields in reply[1] if entry_id is not None
+    ]
+    return reply_text(reply[0]), named, len(reply[1])
 
 
 async def deliveries(
@@ -130,7 +129,9 @@ async def deliveries(
             pipe.xpending_range(feed, group, entry_id, entry_id, 1, consumer)
         replies = cast(list[list[dict[str, Any]]], await pipe.execute())
     return {
-        _text(row["message_id"]): int(row["times_delivered"]) for reply in replies for row in reply
+        reply_text(row["message_id"]): int(row["times_delivered"])
+        for reply in replies
+        for row in reply
     }
 
 
@@ -148,7 +149,7 @@ async def retire_consumer(client: Redis, feed: str, group: str, consumer: str) -
     except (redis.exceptions.RedisError, OSError) as exc:
         raise StoreUnavailable(type(exc).__name__) from None
     async with redis_errors():
-        mine = [c for c in consumers if _text(c["name"]) == consumer]
+        mine = [c for c in consumers if reply_text(c["name"]) == consumer]
         if not mine or int(mine[0]["pending"]) != 0:
             return False
         await client.xgroup_delconsumer(feed, group, consumer)

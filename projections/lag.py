@@ -14,6 +14,7 @@ import msgspec
 import redis.exceptions
 
 from eventstore.errors import StoreUnavailable, redis_errors
+from eventstore.replies import reply_text
 from eventstore.store import Store
 from eventstore.writer import now_ms
 
@@ -42,10 +43,6 @@ class ShardLag(msgspec.Struct, frozen=True, kw_only=True):
     last_delivered_id: str
 
 
-def _text(value: bytes | str) -> str:
-    return value.decode() if isinstance(value, bytes) else value
-
-
 def parse_entry_id(entry_id: str) -> tuple[int, int]:
     """Split a stream entry id ``<ms>-<seq>`` into its two numbers."""
     ms, _, seq = entry_id.partition("-")
@@ -71,7 +68,7 @@ async def shard_lag(store: Store, shard: int, projection: str) -> ShardLag:
     """
     feed = store.keys.feed(shard)
     groups = await feed_groups(store, feed)
-    info = next((g for g in groups if _text(g["name"]) == projection), None)
+    info = next((g for g in groups if reply_text(g["name"]) == projection), None)
     if info is None:
         async with redis_errors():
             length = int(await store.client.xlen(feed))
@@ -84,7 +81,7 @@ async def shard_lag(store: Store, shard: int, projection: str) -> ShardLag:
             last_delivered_id="0-0",
         )
     pending = int(info["pending"])
-    last = _text(info["last-delivered-id"])
+    last = reply_text(info["last-delivered-id"])
     lag = info.get("lag")
     async with redis_errors():
         if lag is None:
@@ -95,7 +92,7 @@ async def shard_lag(store: Store, shard: int, projection: str) -> ShardLag:
         if pending:
             summary = await store.client.xpending(feed, projection)
             if summary["min"] is not None:
-                oldest = max(0, now_ms() - parse_entry_id(_text(summary["min"]))[0])
+                oldest = max(0, now_ms() - parse_entry_id(reply_text(summary["min"]))[0])
     return ShardLag(
         shard=shard,
         projection=projection,
@@ -124,13 +121,13 @@ async def trim_feeds(store: Store, *, keep_ms: int | None = None) -> int:
         feed = store.keys.feed(shard)
         watermark = (max(0, now_ms() - keep), 0)
         for info in await feed_groups(store, feed):
-            name = _text(info["name"])
+            name = reply_text(info["name"])
             if int(info["pending"]):
                 async with redis_errors():
                     summary = await store.client.xpending(feed, name)
-                bound = parse_entry_id(_text(summary["min"]))
+                bound = parse_entry_id(reply_text(summary["min"]))
             else:
-                ms, seq = parse_entry_id(_text(info["last-delivered-id"]))
+                ms, seq = parse_entry_id(reply_text(info["last-delivered-id"]))
                 bound = (ms, seq + 1)
             watermark = min(watermark, bound)
         async with redis_errors():

@@ -40,6 +40,7 @@ from redis.asyncio import Redis
 
 from eventstore.errors import CanonError, InvalidArgument, redis_errors
 from eventstore.keys import generation_kind
+from eventstore.replies import reply_text
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import is_safe_id
@@ -220,7 +221,9 @@ class Rebuild:
             await self.store.client.xgroup_create(feed, group, id="$", mkstream=True)
 
     async def _has_group(self, feed: str, group: str) -> bool:
-        return any(_text(info["name"]) == group for info in await feed_groups(self.store, feed))
+        return any(
+            reply_text(info["name"]) == group for info in await feed_groups(self.store, feed)
+        )
 
     async def _project_records(
         self, target: ReceiptProjection | ProgressProjection
@@ -270,7 +273,7 @@ class Rebuild:
             reply = await script(
                 keys=[self.store.keys.meta()], args=[self.projection, claim, generation]
             )
-        return _text(reply[0]), int(reply[1])
+        return reply_text(reply[0]), int(reply[1])
 
     async def _await_departure(self, group: str, switched_at: float) -> bool:
         """Wait until ``group`` has no consumer left; False when ``grace_s`` passes first.
@@ -331,10 +334,6 @@ async def _unlink(client: Redis, keys: list[bytes]) -> int:
             # keys by slot instead of queueing the command.
             pipe.execute_command("UNLINK", key)
         return sum(int(n) for n in await pipe.execute())
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 def _iso(ms: str) -> str:

@@ -24,8 +24,8 @@ from typing import Any
 
 from canon.bench.throughput import percentile
 from canon.bench.workload import TOOL, Payloads, tool_call_id_for
-from canon.commands.workers import freeze_startup_heap
 from canon.logs import configure_logging
+from canon.service import freeze_startup_heap
 from eventstore.store import Store
 from eventstore.writer import Head, now_ms
 from machine.codes import EvidenceStatus

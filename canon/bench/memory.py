@@ -17,6 +17,7 @@ from typing import Any
 from redis.asyncio import Redis
 
 from canon.bench.workload import TOOL, Payloads, tool_call_id_for
+from eventstore.replies import reply_text
 from eventstore.store import Store
 from machine.codes import EvidenceStatus
 
@@ -119,7 +120,7 @@ async def measure(
         run_index=(filled - no_runs) / written,
         per_invocation=record + stream + feed,
         total=(filled - before) / written,
-        record_encoding=(encoding.decode() if isinstance(encoding, bytes) else str(encoding)),
+        record_encoding=reply_text(encoding),
     )
 
 

@@ -20,9 +20,9 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from canon.commands.readonly import fail, stdout_console
-from canon.commands.workers import add_logging_args, setup_logging
 from canon.connection import ConnectionSettingsError, add_connection_args, open_store
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
+from canon.service import add_logging_args, setup_logging
 from eventstore.errors import InvalidArgument, StoreUnavailable
 from projections.rebuild import (
     PROJECTIONS,

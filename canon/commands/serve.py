@@ -15,14 +15,14 @@ from typing import Any
 
 import structlog
 
-from canon.commands.workers import (
+from canon.connection import add_connection_args, open_store
+from canon.service import (
     add_logging_args,
     add_worker_args,
     build_workers,
     run_service,
     serving_metrics,
 )
-from canon.connection import add_connection_args, open_store
 from projections.http import create_app
 from projections.metrics import Metrics
 from projections.supervisor import ReceiptServer
