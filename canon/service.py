@@ -24,7 +24,7 @@ from eventstore.errors import CanonError, StoreUnavailable
 from eventstore.store import Store
 from projections.metrics import Metrics, metrics_server
 from projections.progress import ProgressWorker
-from projections.receipt_worker import ReceiptWorker
+from projections.receipt_projection import ReceiptWorker
 from projections.runtime import Worker, WorkerOptions
 
 #: Pause before each entry, in ms: load shaping, and how fault tests slow a worker down.

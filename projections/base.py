@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final, Self
 
+from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
-from projections.feed import FeedEntry, Outcome
+from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.generations import group_name
 from projections.scripts import ProjectionScripts
 
@@ -15,7 +17,7 @@ from projections.scripts import ProjectionScripts
 DEAD_LETTER_CAP: Final = 10_000
 
 
-class BaseProjection:
+class BaseProjection(ABC):
     """A projection whose writes are the scripts in ``projections/scripts``.
 
     ``family`` names the projection (``receipts``); ``generation`` says which of its
@@ -38,6 +40,24 @@ class BaseProjection:
     def at_generation(self, generation: int) -> Self:
         """Return a fresh instance of this projection writing ``generation``."""
         return type(self)(self.store, generation=generation)
+
+    @abstractmethod
+    async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
+        """Project and settle ``entries`` in one read and one script; each one's outcome.
+
+        Per invocation only the entry of the highest version is projected, from the
+        record as it is now (:func:`latest_per_invocation`); the others carry nothing
+        newer and are settled as stale with it.
+        """
+
+    async def apply(self, entry: FeedEntry) -> Outcome:
+        """Project one entry from the record as it is now; return how it was settled."""
+        return (await self.apply_batch([entry]))[0]
+
+    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
+        """Project the record as it is now, settling no feed entry (rebuilds)."""
+        shard = shard_of(run_id, self.store.keys.shards)
+        return (await self.apply_batch([unsettled_entry(shard, run_id, tool_call_id)]))[0]
 
     def position_key(self, shard: int) -> str:
         """This projection's position hash in ``shard``."""
@@ -105,6 +125,16 @@ class BaseProjection:
             [keys.dead_letters(shard), self.position_key(shard), keys.feed(shard)], args
         )
         return outcome == "dead"
+
+
+def latest_per_invocation(entries: Sequence[FeedEntry]) -> dict[tuple[str, str], FeedEntry]:
+    """The entry of the highest version of each invocation (run id, tool call id) of a batch."""
+    latest: dict[tuple[str, str], FeedEntry] = {}
+    for entry in entries:
+        invocation = (entry.run_id, entry.tool_call_id)
+        if invocation not in latest or entry.version > latest[invocation].version:
+            latest[invocation] = entry
+    return latest
 
 
 def settled_without_output(

@@ -110,7 +110,7 @@ def unsettled_entry(shard: int, run_id: str, tool_call_id: str) -> FeedEntry:
     )
 
 
-class Projection(Protocol):
+class FeedProjection(Protocol):
     """A consumer of the shard feeds (one Redis consumer group, named after it).
 
     ``apply`` must write its output, move its per-shard position and acknowledge the

@@ -15,7 +15,7 @@ from typing import Final, cast
 import structlog
 
 from eventstore.writer import Head
-from projections.feed import BatchProjection, FeedEntry, MalformedEntry, Outcome, Projection
+from projections.feed import BatchProjection, FeedEntry, FeedProjection, MalformedEntry, Outcome
 from projections.groups import Entry
 from projections.metrics import Metrics
 
@@ -30,7 +30,7 @@ class EntryHandler:
 
     def __init__(
         self,
-        projection: Projection,
+        projection: FeedProjection,
         *,
         max_deliveries: int,
         throttle_ms: int = 0,
@@ -46,12 +46,12 @@ class EntryHandler:
         self._errors: dict[str, str] = {}
 
     @property
-    def projection(self) -> Projection:
+    def projection(self) -> FeedProjection:
         """What entries are applied to (a worker moves it to a rebuilt generation)."""
         return self._projection
 
     @projection.setter
-    def projection(self, projection: Projection) -> None:
+    def projection(self, projection: FeedProjection) -> None:
         self._projection = projection
         # Checked once: isinstance against a runtime protocol walks its members each time.
         self._batches = isinstance(projection, BatchProjection)
@@ -204,7 +204,7 @@ class EntryHandler:
 
 
 async def wait_for(
-    projection: Callable[[], Projection], head: Head, *, timeout_s: float = 5.0
+    projection: Callable[[], FeedProjection], head: Head, *, timeout_s: float = 5.0
 ) -> bool:
     """Poll the projection until it reflects ``head.version`` of its invocation.
 

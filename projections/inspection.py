@@ -20,9 +20,9 @@ from eventstore.writer import now_ms
 from machine.ids import is_invocation_id, is_safe_id
 from projections.generations import current_generation
 from projections.journal import JournalState
-from projections.receipt_worker import RECEIPT_PROJECTION
+from projections.receipt_projection import RECEIPT_PROJECTION
+from projections.receipt_snapshot import read_receipt_snapshot, receipt_of
 from projections.receipts import Receipt, decode_receipt, iso_ms
-from projections.snapshot import read_snapshot, receipt_of
 
 #: Journal states that do not turn into ``uncertain`` as time passes.
 _SETTLED: Final = frozenset(
@@ -85,7 +85,7 @@ async def inspect_invocation(
         raise InvocationNotFound()
     receipt = await _materialized(store, run_id, invocation_id, tool_call_id)
     if receipt is None:
-        snapshot = await read_snapshot(store, run_id, tool_call_id)
+        snapshot = await read_receipt_snapshot(store, run_id, tool_call_id)
         if not snapshot.fields:
             raise InvocationNotFound()
         receipt = receipt_of(store, snapshot)

@@ -16,13 +16,17 @@ from typing import Any, Final, Unpack, cast
 import msgspec
 
 from eventstore.errors import redis_errors
-from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import Status
-from projections.base import BaseProjection, batch_outcomes, settled_without_output
+from projections.base import (
+    BaseProjection,
+    batch_outcomes,
+    latest_per_invocation,
+    settled_without_output,
+)
 from projections.facts import FactScan, extend_facts
-from projections.feed import FeedEntry, Outcome, unsettled_entry
+from projections.feed import FeedEntry, Outcome
 from projections.generations import current_generation
 from projections.runtime import Worker, WorkerOptions
 
@@ -73,15 +77,6 @@ class ProgressProjection(BaseProjection):
             self._scans.popitem(last=False)
         return scan
 
-    async def apply(self, entry: FeedEntry) -> Outcome:
-        """Count the invocation's current status; recompute the facts when it finished."""
-        return (await self.apply_batch([entry]))[0]
-
-    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
-        """Count the record as it is now, settling no feed entry (rebuilds)."""
-        shard = shard_of(run_id, self.store.keys.shards)
-        return (await self.apply_batch([unsettled_entry(shard, run_id, tool_call_id)]))[0]
-
     async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
         """Fold a batch of entries into the views in one read and one script.
 
@@ -90,11 +85,7 @@ class ProgressProjection(BaseProjection):
         with a finished call in the batch has its facts extended once.
         """
         store, keys = self.store, self.store.keys
-        latest: dict[tuple[str, str], FeedEntry] = {}
-        for entry in entries:
-            invocation = (entry.run_id, entry.tool_call_id)
-            if invocation not in latest or entry.version > latest[invocation].version:
-                latest[invocation] = entry
+        latest = latest_per_invocation(entries)
         async with redis_errors(), store.client.pipeline(transaction=False) as pipe:
             for run_id, call in latest:
                 pipe.hmget(keys.record(run_id, call), list(_RECORD_FIELDS))

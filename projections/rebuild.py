@@ -47,7 +47,7 @@ from machine.ids import is_safe_id
 from projections.generations import REBUILD_FIELD, current_generation, group_name
 from projections.lag import feed_groups
 from projections.progress import ProgressProjection
-from projections.receipt_worker import ReceiptProjection
+from projections.receipt_projection import ReceiptProjection
 from projections.runtime import Worker, default_consumer
 from projections.scripts import script_source
 

@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
-from projections.feed import Projection
+from projections.feed import FeedProjection
 from projections.generations import Generational, current_generation
 from projections.groups import (
     Entry,
@@ -91,7 +91,7 @@ class Worker:
     def __init__(
         self,
         store: Store,
-        projection: Projection,
+        projection: FeedProjection,
         *,
         consumer: str | None = None,
         shards: Sequence[int] | None = None,

@@ -16,10 +16,10 @@ from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ReceiptWorker
 from projections.feed import FeedEntry, Outcome
-from projections.receipt_worker import ReceiptProjection
+from projections.receipt_projection import ReceiptProjection
+from projections.receipt_snapshot import read_receipt_snapshot, receipt_of
 from projections.receipts import decode_receipt
 from projections.runtime import Worker
-from projections.snapshot import read_snapshot, receipt_of
 
 RUN = "run-r"
 
@@ -60,7 +60,7 @@ async def test_worker_materializes_the_receipt_of_every_invocation(
         stored = await stored_receipt(redis, store, head.tool_call_id)
         assert int(stored[b"version"]) == head.version
         materialized = decode_receipt(stored[b"receipt"])
-        rebuilt = receipt_of(store, await read_snapshot(store, RUN, head.tool_call_id))
+        rebuilt = receipt_of(store, await read_receipt_snapshot(store, RUN, head.tool_call_id))
         assert msgspec.structs.replace(materialized, observed_at="") == msgspec.structs.replace(
             rebuilt, observed_at=""
         )

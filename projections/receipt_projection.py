@@ -19,20 +19,24 @@ from collections.abc import Sequence
 from typing import Final, Unpack, cast
 
 from eventstore.errors import redis_errors
-from eventstore.keys import shard_of
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import invocation_id
-from projections.base import BaseProjection, batch_outcomes, settled_without_output
-from projections.feed import FeedEntry, Outcome, unsettled_entry
+from projections.base import (
+    BaseProjection,
+    batch_outcomes,
+    latest_per_invocation,
+    settled_without_output,
+)
+from projections.feed import FeedEntry, Outcome
+from projections.receipt_snapshot import (
+    RECEIPT_FIELDS,
+    ReceiptSnapshot,
+    receipt_of,
+    receipt_snapshot_of,
+)
 from projections.receipts import encode_receipt
 from projections.runtime import Worker, WorkerOptions
-from projections.snapshot import (
-    RECEIPT_FIELDS,
-    Snapshot,
-    receipt_of,
-    snapshot_of,
-)
 
 RECEIPT_PROJECTION: Final = "receipts"
 _VERSION_MEMORY: Final = 65536
@@ -60,15 +64,6 @@ class ReceiptProjection(BaseProjection):
         """Where this generation keeps the receipt of one invocation."""
         return self.store.keys.receipt(run_id, invocation_id(run_id, tool_call_id), self.generation)
 
-    async def apply(self, entry: FeedEntry) -> Outcome:
-        """Rebuild the entry's receipt from the record as it is now; store it if newer."""
-        return (await self.apply_batch([entry]))[0]
-
-    async def project_record(self, run_id: str, tool_call_id: str) -> Outcome:
-        """Store the receipt of the record as it is now, settling no feed entry (rebuilds)."""
-        shard = shard_of(run_id, self.store.keys.shards)
-        return (await self.apply_batch([unsettled_entry(shard, run_id, tool_call_id)]))[0]
-
     async def apply_batch(self, entries: Sequence[FeedEntry]) -> list[Outcome]:
         """Settle a batch of entries in one read and one script call.
 
@@ -76,11 +71,7 @@ class ReceiptProjection(BaseProjection):
         as it is now; the others carry nothing newer and are settled as stale with it.
         Returns the outcome of each entry, in order.
         """
-        latest: dict[tuple[str, str], FeedEntry] = {}
-        for entry in entries:
-            invocation = (entry.run_id, entry.tool_call_id)
-            if invocation not in latest or entry.version > latest[invocation].version:
-                latest[invocation] = entry
+        latest = latest_per_invocation(entries)
         build = [
             entry
             for invocation, entry in latest.items()
@@ -115,7 +106,7 @@ class ReceiptProjection(BaseProjection):
             produced[(entry.shard, entry.entry_id)] = Outcome(outcome)
         return batch_outcomes(entries, produced, rest, replies[len(built) :])
 
-    async def _read(self, entries: Sequence[FeedEntry]) -> list[Snapshot]:
+    async def _read(self, entries: Sequence[FeedEntry]) -> list[ReceiptSnapshot]:
         """The snapshots of the entries' invocations, read by one script call."""
         if not entries:
             return []
@@ -128,7 +119,7 @@ class ReceiptProjection(BaseProjection):
         replies = await self.scripts.read_snapshots(keys, RECEIPT_FIELDS)
         observed = now_ms()
         return [
-            snapshot_of(replies[index], replies[index + 1], observed)
+            receipt_snapshot_of(replies[index], replies[index + 1], observed)
             for index in range(0, len(replies), 2)
         ]
 

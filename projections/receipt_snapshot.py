@@ -32,7 +32,7 @@ RECEIPT_FIELDS: Final = (
 )
 
 
-class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+class ReceiptSnapshot(msgspec.Struct, frozen=True, kw_only=True):
     """The receipt fields of one record and its events, read together.
 
     Attributes:
@@ -60,7 +60,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
             return len(self.events)
 
 
-async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapshot:
+async def read_receipt_snapshot(store: Store, run_id: str, tool_call_id: str) -> ReceiptSnapshot:
     """Read one invocation's receipt fields and stream atomically.
 
     Raises:
@@ -72,10 +72,12 @@ async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapsho
         pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
         pipe.xrange(keys.stream(run_id, tool_call_id))
         values, entries = await pipe.execute()
-    return snapshot_of(values, entries, now_ms())
+    return receipt_snapshot_of(values, entries, now_ms())
 
 
-def snapshot_of(values: list[bytes | None], entries: list[Any], observed_at_ms: int) -> Snapshot:
+def receipt_snapshot_of(
+    values: list[bytes | None], entries: list[Any], observed_at_ms: int
+) -> ReceiptSnapshot:
     """Build a snapshot from the HMGET values of :data:`RECEIPT_FIELDS` and XRANGE entries.
 
     ``entries`` may be as redis-py parses XRANGE (id, field dict) or as a script returns
@@ -91,14 +93,16 @@ def snapshot_of(values: list[bytes | None], entries: list[Any], observed_at_ms: 
         )
         for entry_id, body in entries
     ]
-    return Snapshot(fields=fields, events=stored_events(pairs), observed_at_ms=observed_at_ms)
+    return ReceiptSnapshot(
+        fields=fields, events=stored_events(pairs), observed_at_ms=observed_at_ms
+    )
 
 
-def receipt_of(store: Store, snapshot: Snapshot) -> Receipt:
+def receipt_of(store: Store, snapshot: ReceiptSnapshot) -> Receipt:
     """Build the receipt of a snapshot with the store's limits.
 
     Raises:
-        ValueError: the snapshot names no invocation (check :attr:`Snapshot.exists`).
+        ValueError: the snapshot names no invocation (check :attr:`ReceiptSnapshot.exists`).
 
     """
     return build_receipt(
