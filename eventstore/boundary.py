@@ -217,8 +217,8 @@ class ToolBoundary:
         self._store = store
         executor_deadlines: dict[float, Deadlines] = {}
         self._tools = {name: _Tool(spec, executor_deadlines) for name, spec in tools.items()}
-        self._limits: Limits = store.limits
-        self._store_timeout_s = store_timeout_s or store.timeout_s * 2
+        self._limits: Limits = store.settings.limits
+        self._store_timeout_s = store_timeout_s or store.settings.timeout_s * 2
         self._store_deadlines = Deadlines(self._store_timeout_s)
 
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:

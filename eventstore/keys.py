@@ -29,11 +29,14 @@ Every method that puts a run id or a tool call id into a key checks it first
 most 128 characters), so no key can be confused with another; an unsafe id raises
 :class:`~eventstore.errors.InvalidArgument` before any command is sent, and is never
 rewritten. :meth:`Keys.invocation` builds all the keys of one write with each id checked
-once, for the writer's hot path.
+once, for the writer's hot path. Parsing a key back into its ids (a SCAN's keys) is here
+too (:meth:`Keys.record_ids`, :meth:`Keys.parse_invocation_key`), beside the formatting
+it inverts.
 """
 
 from __future__ import annotations
 
+import re
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
@@ -197,6 +200,42 @@ class Keys:
         """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...)."""
         return f"{self.namespace}:{{s*}}:{kind}:*"
 
+    def parse_invocation_key(self, key: str | bytes) -> tuple[str, str, str] | None:
+        """Split an invocation key of this namespace into ``(kind, run_id, tool_call_id)``.
+
+        ``kind`` is ``"record"`` or ``"stream"``. The shard tag is not checked against the
+        run's (a misplaced key still parses; :meth:`record_ids` checks it).
+
+        Returns:
+            The parts, or None for any other key: another namespace or kind, bytes that
+            are not UTF-8, or ids that are not safe.
+
+        """
+        try:
+            text = key.decode() if isinstance(key, bytes) else key
+        except UnicodeDecodeError:
+            return None
+        match = _invocation_key_re(self.namespace).fullmatch(text)
+        if match is None:
+            return None
+        run_id, tool_call_id, stream = match.groups()
+        if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
+            return None
+        return ("stream" if stream else "record", run_id, tool_call_id)
+
+    def record_ids(self, key: str | bytes) -> tuple[str, str] | None:
+        """Return ``(run_id, tool_call_id)`` of a record key exactly as :meth:`record` builds it.
+
+        None for anything else: a stream, a key of another kind or namespace, or a record
+        key in a shard other than its run's.
+        """
+        parts = self.parse_invocation_key(key)
+        if parts is None or parts[0] != "record":
+            return None
+        _, run_id, tool_call_id = parts
+        text = key.decode() if isinstance(key, bytes) else key
+        return (run_id, tool_call_id) if self.record(run_id, tool_call_id) == text else None
+
 
 # One formatter per key kind, shared by the checked methods above and by
 # Keys.invocation, so a layout change cannot make the two disagree.
@@ -222,6 +261,12 @@ def _progress(tag: str, run_id: str) -> str:
 
 def _feed(tag: str) -> str:
     return f"{tag}:feed"
+
+
+@lru_cache(maxsize=64)
+def _invocation_key_re(namespace: str) -> re.Pattern[str]:
+    """Record and stream keys of ``namespace``: the inverse of ``_record`` and ``_stream``."""
+    return re.compile(rf"{re.escape(namespace)}:\{{s\d+\}}:inv:([^:]+):([^:]+)(:ev)?")
 
 
 def _build_invocation_keys(keys: Keys, run_id: str, tool_call_id: str) -> InvocationKeys:

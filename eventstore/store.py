@@ -1,7 +1,9 @@
 """``Store``: one namespace of canonical records on one Redis (or Redis Cluster).
 
 The store wires the key layout, the scripts, the Writer, the Reader and the run registry
-onto one client. Redis access stays inside this package; nothing agent-facing exposes it.
+onto one client, configured by one :class:`~eventstore.settings.StoreSettings`. Redis
+access stays inside this package and the packages built on it (see the seam in the
+:class:`Store` docstring); nothing agent-facing exposes it.
 """
 
 from __future__ import annotations
@@ -9,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Final, Self
+from typing import Self, Unpack
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -18,7 +20,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventstore.batching import ScriptBatcher
+from eventstore.batching import BatchStats, ScriptBatcher
 from eventstore.cluster import (
     cluster_client,
     cluster_of,
@@ -27,105 +29,120 @@ from eventstore.cluster import (
 )
 from eventstore.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.errors import InvalidArgument, NamespaceMismatch, redis_errors
-from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS, Keys
+from eventstore.keys import Keys
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
-from eventstore.replication import (
-    DEFAULT_REPLICA_TIMEOUT_MS,
-    ReplicaAcknowledgedCalls,
-    validate_replicas,
-)
+from eventstore.replication import ReplicaAcknowledgedCalls, validate_replicas
 from eventstore.runs import OpenedRun, RunInfo, RunRegistry
 from eventstore.scripts import Scripts
+from eventstore.settings import (
+    DEFAULT_TTL,
+    FEED_GRACE,
+    StoreOptions,
+    StoreSettings,
+    milliseconds,
+)
 from eventstore.writer import Writer, now_ms
 from machine.ids import is_safe_id
-from machine.limits import Limits
 
-DEFAULT_TTL: Final = timedelta(days=1)
-#: Feed entries are kept this long past the record TTL before age trimming removes them.
-FEED_GRACE: Final = timedelta(hours=1)
-
-
-def _ms(value: timedelta) -> int:
-    return int(value.total_seconds() * 1000)
+__all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
 
 
 class Store:
     """The canonical invocation store of one namespace.
 
     Use :meth:`from_url` to build one; ``async with`` checks the namespace settings and
-    closes the connection pool at the end. On a Redis Cluster, ``cluster`` is the
-    cluster client (``client`` is the same object; see :mod:`eventstore.cluster`).
+    closes the connection pool at the end.
+
+    Its public methods are the API of the harness and of operators (``open_run``,
+    ``get``, ``events``, ``set_paused`` ...). The packages built on the store
+    (``projections``, the audit tools, the ``canon`` command and its benchmark) may also
+    use this seam, and nothing else of it:
+
+    * ``settings``: the :class:`~eventstore.settings.StoreSettings` it was built with
+      (TTL, limits, timeouts), so that what they derive (a receipt's result bound, a
+      feed trim horizon, a read timeout) agrees with the store's own writes.
+    * ``keys``: the key layout (:class:`~eventstore.keys.Keys`); every key they touch
+      comes from it, since only :mod:`eventstore.keys` formats or parses a key.
+    * ``client``: the Redis (or cluster) client, for the reads, scripts and consumer
+      groups of their own (their calls go through :func:`~eventstore.errors.redis_errors`);
+      ``cluster`` is the cluster client, or None on a single server, for what must be
+      done per node or cannot be one transaction across slots.
+    * ``writer``: the :class:`~eventstore.writer.Writer`, for code that writes an
+      invocation's events itself rather than through ``ToolBoundary`` (the boundary,
+      the benchmark's write load).
+    * ``runs``: the run registry, to authenticate a run's token and resolve an
+      invocation id to its tool call id (the receipt API, ``canon inspect``).
+    * ``batch_stats``: what the auto-pipelining did (the benchmark reports it).
+
+    The reader, the scripts and the batcher stay private: they are how the store does
+    its work, not something to build on.
     """
 
     def __init__(
         self,
         client: Redis | RedisCluster,
-        *,
-        namespace: str = DEFAULT_NAMESPACE,
-        shards: int = DEFAULT_SHARDS,
-        ttl: timedelta = DEFAULT_TTL,
-        limits: Limits | None = None,
-        timeout_s: float = 2.0,
-        durability: DurabilityMode = "warn",
-        replicas: int = 0,
-        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        settings: StoreSettings | None = None,
+        **options: Unpack[StoreOptions],
     ) -> None:
-        if ttl <= timedelta(0):
-            raise InvalidArgument("ttl must be positive")
+        """Build a store on ``client`` with ``settings``, and ``options`` on top of them.
+
+        Raises:
+            InvalidArgument: a setting is out of range (``ttl``, ``namespace``,
+                ``shards``, ``replicas``).
+
+        """
+        settings = (settings or StoreSettings()).with_options(**options)
         validate_replicas(
-            replicas,
-            replica_timeout_ms,
-            timeout_s=timeout_s,
+            settings.replicas,
+            settings.replica_timeout_ms,
+            timeout_s=settings.timeout_s,
             cluster=cluster_of(client) is not None,
         )
-        self.durability: DurabilityMode = durability
-        self.replicas = replicas
+        self.settings = settings
         self.cluster = cluster_of(client)
         self.client = store_client(client)
-        self.keys = Keys(namespace, shards)
-        self.ttl_ms = _ms(ttl)
-        self.limits = limits or Limits()
-        self.timeout_s = timeout_s
-        self.feed_retention_ms = self.ttl_ms + _ms(FEED_GRACE)
-        self.scripts = Scripts(self.client)
-        self.batcher = (
-            ReplicaAcknowledgedCalls(self.client, replicas=replicas, timeout_ms=replica_timeout_ms)
-            if replicas
+        self.keys = Keys(settings.namespace, settings.shards)
+        self._scripts = Scripts(self.client)
+        self._batcher = (
+            ReplicaAcknowledgedCalls(
+                self.client, replicas=settings.replicas, timeout_ms=settings.replica_timeout_ms
+            )
+            if settings.replicas
             else ScriptBatcher(self.client)
         )
         self.writer = Writer(
             self.client,
             self.keys,
-            self.scripts,
-            ttl_ms=self.ttl_ms,
-            feed_retention_ms=self.feed_retention_ms,
-            batcher=self.batcher,
+            self._scripts,
+            ttl_ms=settings.ttl_ms,
+            feed_retention_ms=settings.feed_retention_ms,
+            batcher=self._batcher,
         )
-        self.reader = Reader(self.client, self.keys)
-        self.runs = RunRegistry(self.client, self.keys, self.scripts, ttl_ms=self.ttl_ms)
+        self._reader = Reader(self.client, self.keys)
+        self.runs = RunRegistry(self.client, self.keys, self._scripts, ttl_ms=settings.ttl_ms)
 
     @classmethod
     def from_url(
         cls,
         url: str,
+        settings: StoreSettings | None = None,
         *,
-        namespace: str = DEFAULT_NAMESPACE,
-        shards: int = DEFAULT_SHARDS,
-        ttl: timedelta = DEFAULT_TTL,
-        limits: Limits | None = None,
-        timeout_s: float = 2.0,
         max_connections: int = 64,
         cluster: bool = False,
-        durability: DurabilityMode = "warn",
-        replicas: int = 0,
-        replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        **options: Unpack[StoreOptions],
     ) -> Store:
         """Build a store on ``redis://``, ``rediss://`` or ``unix://`` ``url``.
+
+        ``settings`` (default: the defaults) with ``options`` applied on top: the keyword
+        arguments are the fields of :class:`~eventstore.settings.StoreSettings`
+        (``namespace``, ``shards``, ``ttl``, ``limits``, ``timeout_s``, ``durability``,
+        ``replicas``, ``replica_timeout_ms``).
 
         Every command is bounded by ``timeout_s``; connection errors are retried a few
         times with backoff, which is safe because every write is idempotent by event id.
         With ``cluster`` (or ``?cluster=1`` in the URL), ``url`` names any node of a
-        Redis Cluster; the other nodes are discovered from it.
+        Redis Cluster; the other nodes are discovered from it. At most
+        ``max_connections`` connections are open at once.
 
         ``durability`` (``warn``, ``strict`` or ``off``) decides what entering the store
         does about a server that could lose or evict records (see
@@ -133,6 +150,8 @@ class Store:
         only once that many replicas have it, waiting at most ``replica_timeout_ms``
         (see :mod:`eventstore.replication`).
         """
+        settings = (settings or StoreSettings()).with_options(**options)
+        timeout_s = settings.timeout_s
         url, cluster_in_url = split_cluster_parameter(url)
         client: Redis | RedisCluster
         if cluster or cluster_in_url:
@@ -151,17 +170,12 @@ class Store:
                 decode_responses=False,
             )
             client = Redis.from_pool(pool)
-        return cls(
-            client,
-            namespace=namespace,
-            shards=shards,
-            ttl=ttl,
-            limits=limits,
-            timeout_s=timeout_s,
-            durability=durability,
-            replicas=replicas,
-            replica_timeout_ms=replica_timeout_ms,
-        )
+        return cls(client, settings)
+
+    @property
+    def batch_stats(self) -> BatchStats:
+        """What the auto-pipelining of script calls did so far (calls, round trips ...)."""
+        return self._batcher.stats
 
     async def __aenter__(self) -> Self:
         try:
@@ -183,7 +197,7 @@ class Store:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
-        await self.batcher.drain()
+        await self._batcher.drain()
         await self.client.aclose()
 
     async def check_namespace(self) -> None:
@@ -210,7 +224,10 @@ class Store:
 
         """
         return await check_durability(
-            self.client, mode or self.durability, cluster=self.cluster, replicas=self.replicas
+            self.client,
+            mode or self.settings.durability,
+            cluster=self.cluster,
+            replicas=self.settings.replicas,
         )
 
     async def open_run(
@@ -223,7 +240,7 @@ class Store:
     ) -> OpenedRun:
         """Register a run; see :meth:`RunRegistry.open`. ``deadline`` may be relative."""
         if isinstance(deadline, timedelta):
-            deadline_ms = now_ms() + _ms(deadline)
+            deadline_ms = now_ms() + milliseconds(deadline)
         else:
             if deadline.tzinfo is None:
                 raise InvalidArgument("deadline must be timezone-aware")
@@ -262,10 +279,10 @@ class Store:
         """
         if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
             return None
-        return await self.reader.get(run_id, tool_call_id)
+        return await self._reader.get(run_id, tool_call_id)
 
     async def events(self, run_id: str, tool_call_id: str) -> list[StoredEvent]:
         """Return the invocation's stored events in order (read-only)."""
         if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
             return []
-        return await self.reader.events(run_id, tool_call_id)
+        return await self._reader.events(run_id, tool_call_id)

@@ -155,7 +155,7 @@ async def extend_facts(store: Store, run_id: str, scan: FactScan | None = None) 
     (a fact whose record has expired since stays in the extended scan; only a scan from
     the start, as :func:`observed_facts` does, drops it). ``scan`` is not modified.
     """
-    limits = store.limits
+    limits = store.settings.limits
     scan = FactScan() if scan is None else msgspec.structs.replace(scan, facts=list(scan.facts))
     if scan.full or not is_safe_id(run_id):
         return scan
@@ -184,8 +184,8 @@ async def extend_facts(store: Store, run_id: str, scan: FactScan | None = None) 
 async def observed_facts(store: Store, ctx: RunContext) -> list[ObservedFact]:
     """Resolve the run's finished calls into bounded facts, in execution order.
 
-    At most ``store.limits.fact_count`` facts and ``store.limits.facts_bytes`` bytes of
-    encoded facts are returned; later facts are left out rather than cut. The progress
-    list is read in pages, so a long run costs no more memory than one page.
+    At most ``fact_count`` facts and ``facts_bytes`` bytes of encoded facts (the store's
+    limits) are returned; later facts are left out rather than cut. The progress list
+    is read in pages, so a long run costs no more memory than one page.
     """
     return (await extend_facts(store, ctx.run_id)).facts

@@ -164,10 +164,10 @@ def blocking_client(store: Store, block_ms: int, connections: int) -> tuple[Redi
     well under that timeout.
     """
     if store.cluster is not None:
-        return store.client, max(1, min(block_ms, int(store.timeout_s * 500)))
+        return store.client, max(1, min(block_ms, int(store.settings.timeout_s * 500)))
     pool = store.client.connection_pool
     kwargs = dict(pool.connection_kwargs)
-    kwargs["socket_timeout"] = block_ms / 1000 + store.timeout_s
+    kwargs["socket_timeout"] = block_ms / 1000 + store.settings.timeout_s
     connection_pool = ConnectionPool(
         connection_class=pool.connection_class, max_connections=connections, **kwargs
     )

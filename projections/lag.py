@@ -115,7 +115,7 @@ async def trim_feeds(store: Store, *, keep_ms: int | None = None) -> int:
         StoreUnavailable: Redis failed or timed out.
 
     """
-    keep = store.ttl_ms if keep_ms is None else keep_ms
+    keep = store.settings.ttl_ms if keep_ms is None else keep_ms
     removed = 0
     for shard in range(store.keys.shards):
         feed = store.keys.feed(shard)

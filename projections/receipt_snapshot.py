@@ -109,5 +109,5 @@ def receipt_of(store: Store, snapshot: ReceiptSnapshot) -> Receipt:
         view_of_fields(snapshot.fields),
         snapshot.events,
         observed_at_ms=snapshot.observed_at_ms,
-        result_limit_bytes=store.limits.result_bytes,
+        result_limit_bytes=store.settings.limits.result_bytes,
     )

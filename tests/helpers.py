@@ -152,3 +152,10 @@ async def key_values(client: Redis, key: bytes) -> list[bytes]:
         raise AssertionError(f"unexpected key type {kind}")
     assert all(isinstance(value, bytes) for value in values)
     return values
+
+
+async def record_fields(store: Store, run_id: str, tool_call_id: str) -> dict[bytes, bytes]:
+    """The record's raw hash fields ({} when absent or expired), read through the seam."""
+    return cast(
+        dict[bytes, bytes], await store.client.hgetall(store.keys.record(run_id, tool_call_id))
+    )

@@ -137,7 +137,7 @@ async def _throughput(
                         samples[mode][concurrency].append(sample)
                 await scale.delete_namespace(bare, namespace)
                 await store.check_namespace()
-            stats = store.batcher.stats
+            stats = store.batch_stats
     finally:
         await scale.delete_namespace(bare, namespace)
         await bare.aclose()

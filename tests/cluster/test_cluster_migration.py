@@ -20,6 +20,7 @@ from machine.fold import fold_all
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, read_view
 from tests.cluster.harness import ClusterNode, LocalCluster
+from tests.helpers import record_fields
 from tests.support.calls import envelope, outcome
 from tests.support.tools import FakeTool
 
@@ -140,7 +141,7 @@ async def assert_journals_intact(store: Store, calls: list[tuple[str, str]]) -> 
         assert len({e.event.event_id for e in events if e.event}) == 3
         assert await store.client.xlen(store.keys.stream(run_id, call_id)) == 3
         assert fold_all((e.event, e.stored_hash) for e in events if e.event) == record.state
-        assert verify_against_events(await store.reader.fields(run_id, call_id), events) == []
+        assert verify_against_events(await record_fields(store, run_id, call_id), events) == []
 
 
 async def assert_feed_and_progress_once(

@@ -14,11 +14,13 @@ from redis.asyncio import Redis
 from eventstore import RunContext, ToolBoundary
 from eventstore.audit import verify_against_events
 from eventstore.embedded import EmbeddedRedis
+from eventstore.scripts import Scripts
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from projections.feed import FeedEntry
 from tests.faults.proxy import CuttingProxy
+from tests.helpers import record_fields
 from tests.support.calls import RUN, TOOL, envelope, open_run, outcome
 from tests.support.tools import FakeTool
 
@@ -34,7 +36,8 @@ async def cut(start_server: Any, proxy_to: Any, namespace: str) -> AsyncIterator
         async with store:
             await open_run(store)
             # Loaded up front, so the lost reply is the script's, never a NOSCRIPT.
-            for script in (store.scripts.create, store.scripts.append):
+            scripts = Scripts(store.client)  # the store registers the same sources
+            for script in (scripts.create, scripts.append):
                 assert await admin.script_load(script.script) == script.sha
             yield store, proxy, admin
     finally:
@@ -83,7 +86,7 @@ async def assert_exactly_once(admin: Redis, store: Store, call: str, kinds: list
     assert await feed_entries(admin, store, call) == [
         (version, kind) for version, kind in enumerate(kinds, start=1)
     ]
-    record = await store.reader.fields(RUN, call)
+    record = await record_fields(store, RUN, call)
     assert verify_against_events(record, events) == []
     assert int(record[b"version"]) == len(kinds)
 

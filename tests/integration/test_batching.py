@@ -18,7 +18,7 @@ from eventstore.errors import Refused, StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
-from tests.helpers import RAW, REQUEST, RESULT, TOOL
+from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields
 
 PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 INCR = "return redis.call('INCR', KEYS[1])"
@@ -59,7 +59,7 @@ async def test_concurrent_appends_share_round_trips(store: Store, redis: Redis) 
     """64 concurrent lifecycles need far fewer round trips than script calls, each run once."""
     run_id = await _open(store)
     await _lifecycle(store, run_id, "warm")  # the scripts are loaded on the server
-    before, stats = await _evalsha_calls(redis), store.batcher.stats
+    before, stats = await _evalsha_calls(redis), store.batch_stats
     calls, round_trips = stats.calls, stats.round_trips
     heads = await asyncio.gather(*(_lifecycle(store, run_id, f"call-{i}") for i in range(64)))
     assert stats.calls - calls == 192
@@ -221,7 +221,7 @@ async def test_noscript_after_script_flush_is_recovered_inside_a_batch(
     run_id = await _open(private_store)
     await _lifecycle(private_store, run_id, "warm")
     await private_store.client.script_flush()
-    stats = private_store.batcher.stats
+    stats = private_store.batch_stats
     reloads, round_trips = stats.reloads, stats.round_trips
     calls = [f"call-{i}" for i in range(DEFAULT_MAX_BATCH)]  # exactly one pipeline
     heads = await asyncio.gather(
@@ -245,7 +245,7 @@ async def test_killed_connections_are_retried_without_double_writes(
     heads = await asyncio.gather(
         *(_lifecycle(private_store, run_id, f"call-{i}") for i in range(16))
     )
-    assert private_store.batcher.stats.resends >= 1
+    assert private_store.batch_stats.resends >= 1
     assert {head.version for head in heads} == {3}
     for i in range(16):
         assert len(await private_store.events(run_id, f"call-{i}")) == 3
@@ -306,7 +306,7 @@ async def test_a_short_stall_is_ridden_out_by_the_retries(private_server: Embedd
 
         heads = await asyncio.gather(*(_lifecycle(store, run_id, f"call-{i}") for i in range(8)))
 
-        assert store.batcher.stats.resends >= 1
+        assert store.batch_stats.resends >= 1
         assert {head.version for head in heads} == {3}
         for i in range(8):
             assert len(await store.events(run_id, f"call-{i}")) == 3
@@ -325,18 +325,18 @@ async def test_connections_kept_under_load_go_back_to_the_pool_when_it_ends(
                 *(_lifecycle(store, run_id, f"call-{burst}-{i}") for i in range(32))
             )
             assert {head.version for head in heads} == {3}
-            await store.batcher.drain()
+            await store._batcher.drain()  # white-box: the batcher gives its connections back
 
             records = await asyncio.wait_for(
                 asyncio.gather(
                     *(store.get(run_id, f"call-{burst}-{i}") for i in range(2)),
                     # Both connections at once: a held one would make this wait.
-                    store.reader.fields(run_id, f"call-{burst}-2"),
+                    record_fields(store, run_id, f"call-{burst}-2"),
                 ),
                 timeout=5,
             )
             assert all(record for record in records)
-        assert store.batcher.stats.round_trips < store.batcher.stats.calls
+        assert store.batch_stats.round_trips < store.batch_stats.calls
 
 
 def test_a_cluster_client_is_not_batched() -> None:

@@ -42,7 +42,7 @@ def test_default_limits_are_pinned():
 
 async def test_store_uses_the_default_limits(store: Store):
     """A store built without limits applies the defaults."""
-    assert store.limits == Limits()
+    assert store.settings.limits == Limits()
 
 
 @pytest.mark.parametrize("value", [0, -1])

@@ -169,7 +169,7 @@ async def test_nesting_beyond_the_depth_bound_is_refused(
     tool = FakeTool()
     await open_run(store)
     boundary = ToolBoundary(store, {TOOL: tool.spec()})
-    too_deep = nested(store.limits.json_depth + 1)
+    too_deep = nested(store.settings.limits.json_depth + 1)
 
     for arguments in (too_deep, str(too_deep).replace("'", '"')):
         await assert_refused_before_execution(
@@ -187,7 +187,7 @@ async def test_nesting_exactly_at_the_depth_bound_passes(store: Store):
     tool = FakeTool()
     await open_run(store)
     boundary = ToolBoundary(store, {TOOL: tool.spec()})
-    at_bound = nested(store.limits.json_depth)
+    at_bound = nested(store.settings.limits.json_depth)
 
     reply = await boundary.invoke(RunContext(RUN), envelope(arguments=at_bound))
 

@@ -13,6 +13,7 @@ from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary
 from machine.codes import ErrorCode
+from tests.helpers import record_fields
 from tests.support.calls import (
     RUN,
     TOOL,
@@ -90,7 +91,7 @@ async def test_duplicate_canonical_key_is_refused(store: Store, redis: Redis, na
     await open_run(store)
     boundary = ToolBoundary(store, {TOOL: tool.spec()})
     assert outcome(await boundary.invoke(RunContext(RUN), envelope(arguments={"q": 1}))) == "READY"
-    fields = await store.reader.fields(RUN, "call_1")
+    fields = await record_fields(store, RUN, "call_1")
     used = (await store.run_info(RUN)).used_total  # type: ignore[union-attr]
 
     await assert_refused_before_execution(
@@ -101,7 +102,7 @@ async def test_duplicate_canonical_key_is_refused(store: Store, redis: Redis, na
         redis=redis,
         namespace=namespace,
     )
-    assert await store.reader.fields(RUN, "call_1") == fields
+    assert await record_fields(store, RUN, "call_1") == fields
     assert (await store.run_info(RUN)).used_total == used  # type: ignore[union-attr]
 
 

@@ -26,7 +26,16 @@ from machine.fold import (
     state_from_record,
 )
 from machine.lifecycle import TRANSITIONS
-from tests.helpers import PAYLOADS, RAW, REQUEST, RESULT, TOOL, make_event, open_store
+from tests.helpers import (
+    PAYLOADS,
+    RAW,
+    REQUEST,
+    RESULT,
+    TOOL,
+    make_event,
+    open_store,
+    record_fields,
+)
 
 RUN = "run-1"
 
@@ -62,7 +71,7 @@ async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
 
 async def redis_state(store: Store, tool_call_id: str) -> InvocationState | None:
     """The lifecycle state held by the record in Redis, or None when there is none."""
-    fields = await store.reader.fields(RUN, tool_call_id)
+    fields = await record_fields(store, RUN, tool_call_id)
     if not fields:
         return None
     return state_from_record({k.decode(): v.decode() for k, v in fields.items()})

@@ -19,6 +19,7 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument
+from eventstore.scripts import Scripts
 from eventstore.store import FEED_GRACE, Store
 from eventstore.writer import Writer
 from machine.codes import ErrorCode, EvidenceStatus, Status
@@ -70,7 +71,10 @@ async def test_store_feed_retention_is_the_ttl_plus_an_hour() -> None:
     for ttl in (timedelta(seconds=2), TTL, timedelta(days=1), timedelta(days=30)):
         store = Store.from_url(OFFLINE, ttl=ttl)
         try:
-            assert store.feed_retention_ms == store.ttl_ms + int(FEED_GRACE.total_seconds()) * 1000
+            assert (
+                store.settings.feed_retention_ms
+                == store.settings.ttl_ms + int(FEED_GRACE.total_seconds()) * 1000
+            )
         finally:
             await store.aclose()
 
@@ -80,9 +84,17 @@ async def test_a_writer_refuses_a_feed_retention_below_the_ttl() -> None:
     store = Store.from_url(OFFLINE, ttl=TTL)
     try:
         with pytest.raises(InvalidArgument, match="feed retention"):
-            Writer(store.client, store.keys, store.scripts, ttl_ms=60_000, feed_retention_ms=59_999)
+            Writer(
+                store.client,
+                store.keys,
+                Scripts(store.client),
+                ttl_ms=60_000,
+                feed_retention_ms=59_999,
+            )
         # Equal is the least that is allowed.
-        Writer(store.client, store.keys, store.scripts, ttl_ms=60_000, feed_retention_ms=60_000)
+        Writer(
+            store.client, store.keys, Scripts(store.client), ttl_ms=60_000, feed_retention_ms=60_000
+        )
     finally:
         await store.aclose()
 
@@ -99,9 +111,9 @@ async def test_a_write_trims_entries_past_retention_and_keeps_younger_ones(
     # Stream ids only grow: clear the feed so older ids can be written again.
     await redis.delete(feed)
     now = await server_now_ms(redis)
-    expired = now - store.feed_retention_ms - 5 * MINUTE_MS
-    in_grace = now - store.ttl_ms - 30 * MINUTE_MS
-    live = now - store.ttl_ms + MINUTE_MS
+    expired = now - store.settings.feed_retention_ms - 5 * MINUTE_MS
+    in_grace = now - store.settings.ttl_ms - 30 * MINUTE_MS
+    live = now - store.settings.ttl_ms + MINUTE_MS
     for at_ms in (expired, in_grace, live):
         await seed(redis, feed, at_ms, PER_GROUP)
 
@@ -125,7 +137,7 @@ async def test_entries_younger_than_the_retention_are_never_trimmed(
     feed = store.keys.feed_of(RUN)
     now = await server_now_ms(redis)
     # One minute inside the retention horizon: the oldest entry a trim must still keep.
-    oldest_kept = now - store.feed_retention_ms + MINUTE_MS
+    oldest_kept = now - store.settings.feed_retention_ms + MINUTE_MS
     await seed(redis, feed, oldest_kept, PER_GROUP)
     for number in range(5):
         await store.writer.create(RUN, f"call-{number}", TOOL, REQUEST)
@@ -138,7 +150,7 @@ async def seed_past_retention(store: Store, redis: Redis, count: int) -> tuple[s
     """Open the run and fill its feed with ``count`` entries ten minutes past retention."""
     await store.open_run(RUN, deadline=timedelta(minutes=5))
     feed = store.keys.feed_of(RUN)
-    expired = await server_now_ms(redis) - store.feed_retention_ms - 10 * MINUTE_MS
+    expired = await server_now_ms(redis) - store.settings.feed_retention_ms - 10 * MINUTE_MS
     await seed(redis, feed, expired, count)
     return feed, [f"{expired}-{seq}" for seq in range(count)]
 
@@ -155,7 +167,7 @@ async def test_trimming_waits_until_the_oldest_entry_is_a_minute_past_the_retent
     are read about once a minute on a busy feed, not on every write."""
     await store.open_run(RUN, deadline=timedelta(minutes=5))
     feed = store.keys.feed_of(RUN)
-    recent_past = await server_now_ms(redis) - store.feed_retention_ms - 30_000
+    recent_past = await server_now_ms(redis) - store.settings.feed_retention_ms - 30_000
     await seed(redis, feed, recent_past, PER_GROUP)
     await store.writer.create(RUN, "call-1", TOOL, REQUEST)
     assert (await ages_left(redis, feed)).count(recent_past) == PER_GROUP

@@ -24,6 +24,7 @@ from tests.helpers import (
     make_event,
     namespace_keys,
     open_store,
+    record_fields,
 )
 
 RUN = "run-1"
@@ -51,7 +52,7 @@ async def write_ready(store: Store, tool_call_id: str = "call-1") -> None:
 
 async def audit(store: Store, tool_call_id: str = "call-1") -> list[str]:
     """The audit verdict on one invocation as it is stored now."""
-    fields = await store.reader.fields(RUN, tool_call_id)
+    fields = await record_fields(store, RUN, tool_call_id)
     return verify_against_events(fields, await store.events(RUN, tool_call_id))
 
 
@@ -98,7 +99,7 @@ async def test_refolding_the_events_reproduces_the_record(store: Store) -> None:
     for call in ("call-1", "call-2"):
         stored = await store.events(RUN, call)
         folded = fold_all((s.event, s.stored_hash) for s in stored if s.event is not None)
-        fields = await store.reader.fields(RUN, call)
+        fields = await record_fields(store, RUN, call)
         assert folded == state_from_record({k.decode(): v.decode() for k, v in fields.items()})
         assert await audit(store, call) == []
 
@@ -148,7 +149,7 @@ async def test_audit_reports_missing_halves(store: Store, redis: Redis) -> None:
 async def test_audit_finds_journal_tampering(store: Store) -> None:
     """Edited, re-hashed, undecodable, missing, repeated and illegal events are each named."""
     await write_ready(store)
-    fields = await store.reader.fields(RUN, "call-1")
+    fields = await record_fields(store, RUN, "call-1")
     stored = await store.events(RUN, "call-1")
     first, second, third = stored
     assert verify_against_events(fields, stored) == []
@@ -184,7 +185,7 @@ async def test_audit_finds_journal_tampering(store: Store) -> None:
 async def test_audit_accepts_text_fields(store: Store) -> None:
     """The record may be given with str fields, as a decoded client returns them."""
     await write_ready(store)
-    fields = await store.reader.fields(RUN, "call-1")
+    fields = await record_fields(store, RUN, "call-1")
     text = {k.decode(): v.decode() for k, v in fields.items()}
     assert verify_against_events(text, await store.events(RUN, "call-1")) == []
     text["scope"] = "elsewhere"

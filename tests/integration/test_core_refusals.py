@@ -20,6 +20,7 @@ from eventstore.errors import (
     Refused,
     StoreUnavailable,
 )
+from eventstore.scripts import Scripts
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
@@ -178,7 +179,7 @@ async def test_writes_survive_script_flush(store: Store, redis: Redis) -> None:
     await store.open_run(RUN, deadline=timedelta(minutes=5))
     head = await store.writer.create(RUN, "call-1", TOOL, REQUEST)
     await redis.script_flush()
-    assert await redis.script_exists(store.scripts.append.sha) == [False]
+    assert await redis.script_exists(Scripts(store.client).append.sha) == [False]
     head = await store.writer.start_projecting(head, RAW)
     await redis.script_flush()
     head = await store.writer.complete(head, RESULT, EvidenceStatus.EVIDENCE_FOUND, "docs")

@@ -22,6 +22,7 @@ from tests.helpers import (
     commandstats,
     namespace_keys,
     open_store,
+    record_fields,
 )
 
 RUN = "run-1"
@@ -86,8 +87,8 @@ async def test_reads_never_touch_the_expiry(
     for _ in range(3):
         assert await store.get(RUN, "call-1") is not None
         assert len(await store.events(RUN, "call-1")) == 2
-        assert await store.reader.fields(RUN, "call-1")
-        assert len(await store.reader.events(RUN, "call-1")) == 2
+        assert await record_fields(store, RUN, "call-1")
+        assert len(await store.events(RUN, "call-1")) == 2
         assert await store.run_info(RUN) is not None
     all_after = await commandstats(redis)
     assert ttl_calls(all_after) == stats_before

@@ -60,7 +60,7 @@ async def test_each_setting_is_judged(start_server: Any, namespace: str, case: s
 
     with capture_logs() as logs:
         async with Store.from_url(server.url, namespace=namespace) as store:
-            assert store.durability == "warn"
+            assert store.settings.durability == "warn"
     warned = warnings_of(logs)
     if risks:
         [entry] = warned

@@ -111,7 +111,7 @@ async def test_acknowledged_append_is_on_the_replica(replicated: Store, clients:
     assert on_primary[b"status"] == b"READY" and on_primary[b"version"] == b"3"
     assert await replica_client.hgetall(record) == on_primary
     assert await replica_client.xrange(stream) == await primary_client.xrange(stream)
-    assert replicated.batcher.stats.calls == 3
+    assert replicated.batch_stats.calls == 3
 
 
 async def test_append_without_the_replica_fails_loudly(

@@ -24,6 +24,7 @@ from eventstore import (
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from machine.ids import invocation_id
 from projections.facts import observed_facts
+from tests.helpers import record_fields
 from tests.support.tools import FakeTool, record_keys
 
 RUN = "run-a"
@@ -182,12 +183,12 @@ async def test_duplicate_tool_call_id_is_submitted(store: Store):
     boundary_2 = ToolBoundary(store, {"search": second.spec()})
 
     await boundary_1.invoke(RunContext(RUN), envelope(q="one"))
-    before = await store.reader.fields(RUN, "call_1")
+    before = await record_fields(store, RUN, "call_1")
     reply = await boundary_2.invoke(RunContext(RUN), envelope(q="two"))
 
     assert reply == ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL)
     assert second.executed == 0
-    assert await store.reader.fields(RUN, "call_1") == before
+    assert await record_fields(store, RUN, "call_1") == before
 
 
 async def test_framework_id_is_preserved(store: Store, redis: Redis, namespace: str):
@@ -295,7 +296,7 @@ async def test_fake_projector_tests_pass(store: Store):
         "found": FakeTool(),
         "nothing": FakeTool(evidence=EvidenceStatus.NO_EVIDENCE),
         "broken": FakeTool(raise_in_executor=RuntimeError()),
-        "huge": FakeTool(raw="x" * (store.limits.raw_bytes + 1)),
+        "huge": FakeTool(raw="x" * (store.settings.limits.raw_bytes + 1)),
     }
     await open_run(store)
     boundary = ToolBoundary(store, {name: tool.spec() for name, tool in tools.items()})

@@ -172,7 +172,7 @@ async def test_writer_trims_old_feed_entries_without_a_denial(
         await store.open_run(RUN, deadline=timedelta(minutes=5))
         feed = store.keys.feed_of(RUN)
         seconds, _ = await admin.time()
-        old_ms = int(seconds) * 1000 - store.feed_retention_ms - 10 * 60_000
+        old_ms = int(seconds) * 1000 - store.settings.feed_retention_ms - 10 * 60_000
         for seq in range(300):
             await admin.xadd(feed, {"r": "old"}, f"{old_ms}-{seq}")
         await admin.xgroup_create(feed, "receipts", id="0")

@@ -83,3 +83,64 @@ def test_invocation_keys_equal_the_single_key_builders() -> None:
     assert built.run == KEYS.run("run-7")
     assert built.control == KEYS.control_of("run-7")
     assert built.progress == KEYS.progress("run-7")
+
+
+# --- Parsing a key back into its ids (the inverse of record and stream) -----------------
+
+
+@pytest.mark.parametrize(
+    ("run_id", "tool_call_id"), [("run-1", "call-1"), ("r", "ev"), ("a_b", "call_1")]
+)
+def test_a_record_key_parses_back_into_its_ids(run_id: str, tool_call_id: str) -> None:
+    """record_ids inverts record, in bytes (as SCAN returns keys) and in text."""
+    key = KEYS.record(run_id, tool_call_id)
+    assert KEYS.record_ids(key) == (run_id, tool_call_id)
+    assert KEYS.record_ids(key.encode()) == (run_id, tool_call_id)
+    assert KEYS.parse_invocation_key(key) == ("record", run_id, tool_call_id)
+
+
+def test_a_stream_key_parses_as_a_stream_and_is_no_record() -> None:
+    """The stream of an invocation names the same ids, and is not taken for its record."""
+    key = KEYS.stream("run-1", "call-1")
+    assert KEYS.parse_invocation_key(key) == ("stream", "run-1", "call-1")
+    assert KEYS.record_ids(key) is None
+
+
+def test_a_record_key_in_another_shard_than_its_runs_is_not_a_record() -> None:
+    """A misplaced key parses (verify reports it) but record_ids refuses it."""
+    right = KEYS.tag_of("run-1")
+    wrong = next(KEYS.tag(shard) for shard in range(KEYS.shards) if KEYS.tag(shard) != right)
+    key = f"{wrong}:inv:run-1:call-1"
+    assert KEYS.parse_invocation_key(key) == ("record", "run-1", "call-1")
+    assert KEYS.record_ids(key) is None
+
+
+@pytest.mark.parametrize(
+    "key",
+    [
+        "other:{s01}:inv:run-1:call-1",  # another namespace
+        "ns:{s01}:run:run-1",  # another kind
+        "ns:{s01}:receipt:run-1:call-1",
+        "ns:{s01}:inv:run-1",  # no tool call id
+        "ns:{s01}:inv:run 1:call-1",  # an unsafe id
+        "ns:{s01}:inv:run-1:call-1:ev:x",
+        "nsx{s01}:inv:run-1:call-1",  # the namespace is matched literally, not as a pattern
+    ],
+)
+def test_anything_else_is_not_an_invocation_key(key: str) -> None:
+    """Keys of other namespaces or kinds, and ids that are not safe, parse as nothing."""
+    assert KEYS.parse_invocation_key(key) is None
+    assert KEYS.record_ids(key) is None
+
+
+def test_bytes_that_are_not_utf8_parse_as_nothing() -> None:
+    """A key SCAN returns need not be UTF-8; it is no invocation key, and nothing raises."""
+    assert KEYS.parse_invocation_key(b"ns:{s01}:inv:run-1:\xff") is None
+    assert KEYS.record_ids(b"ns:{s01}:inv:run-1:\xff") is None
+
+
+def test_a_namespace_with_pattern_characters_is_matched_literally() -> None:
+    """The namespace is escaped: `a.b` matches `a.b`, never `axb`."""
+    keys = Keys("a.b", 4)
+    assert keys.record_ids(keys.record("run-1", "call-1")) == ("run-1", "call-1")
+    assert keys.parse_invocation_key("axb:{s01}:inv:run-1:call-1") is None

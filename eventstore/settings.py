@@ -1,0 +1,96 @@
+"""``StoreSettings``: everything a :class:`~eventstore.store.Store` is configured with.
+
+``Store(client, settings)`` and ``Store.from_url(url, settings)`` both take one frozen
+:class:`StoreSettings`; the keyword arguments they also accept (``namespace=...``,
+``ttl=...``, ``limits=...``; :class:`StoreOptions`) are the fields of the settings,
+applied on top of ``settings`` (or of the defaults) by :meth:`StoreSettings.with_options`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any, Final, TypedDict, Unpack
+
+from eventstore.durability import DurabilityMode
+from eventstore.errors import InvalidArgument
+from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
+from eventstore.replication import DEFAULT_REPLICA_TIMEOUT_MS
+from machine.limits import Limits
+
+DEFAULT_TTL: Final = timedelta(days=1)
+#: Feed entries are kept this long past the record TTL before age trimming removes them.
+FEED_GRACE: Final = timedelta(hours=1)
+
+
+def milliseconds(value: timedelta) -> int:
+    """Return ``value`` in whole milliseconds."""
+    return int(value.total_seconds() * 1000)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreSettings:
+    """The settings of one store: its namespace, record TTL, limits and timeouts.
+
+    Attributes:
+        namespace: key namespace (a safe id of at most 32 characters).
+        shards: shard count of the namespace (fixed once the namespace exists).
+        ttl: record TTL of new records, set once at creation, never extended.
+        limits: byte limits of requests, responses, results and facts.
+        timeout_s: bound of every Redis command (and of waiting for a connection).
+        durability: what entering the store does about a server that could lose or
+            evict records: ``warn``, ``strict`` or ``off`` (:mod:`eventstore.durability`).
+        replicas: replicas that must have an append before it is acknowledged.
+        replica_timeout_ms: longest wait for those replicas.
+
+    Raises:
+        InvalidArgument: ``ttl`` is not positive.
+
+    """
+
+    namespace: str = DEFAULT_NAMESPACE
+    shards: int = DEFAULT_SHARDS
+    ttl: timedelta = DEFAULT_TTL
+    limits: Limits = field(default_factory=Limits)
+    timeout_s: float = 2.0
+    durability: DurabilityMode = "warn"
+    replicas: int = 0
+    replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
+
+    def __post_init__(self) -> None:
+        if self.ttl <= timedelta(0):
+            raise InvalidArgument("ttl must be positive")
+
+    @property
+    def ttl_ms(self) -> int:
+        """The record TTL in milliseconds."""
+        return milliseconds(self.ttl)
+
+    @property
+    def feed_retention_ms(self) -> int:
+        """How long feed entries are kept: the record TTL plus :data:`FEED_GRACE`."""
+        return self.ttl_ms + milliseconds(FEED_GRACE)
+
+    def with_options(self, **options: Unpack[StoreOptions]) -> StoreSettings:
+        """Return these settings with ``options`` applied (``limits=None`` keeps the limits)."""
+        changes: dict[str, Any] = dict(options)
+        if changes.get("limits", self) is None:
+            del changes["limits"]
+        return dataclasses.replace(self, **changes) if changes else self
+
+
+class StoreOptions(TypedDict, total=False):
+    """The fields of :class:`StoreSettings`, as keyword arguments of ``Store``.
+
+    ``limits`` may also be None (the default limits), as it always could.
+    """
+
+    namespace: str
+    shards: int
+    ttl: timedelta
+    limits: Limits | None
+    timeout_s: float
+    durability: DurabilityMode
+    replicas: int
+    replica_timeout_ms: int
