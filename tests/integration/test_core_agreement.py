@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -33,7 +33,6 @@ from tests.helpers import (
     RESULT,
     TOOL,
     make_event,
-    open_store,
     record_fields,
 )
 
@@ -62,11 +61,11 @@ def expected_lua_code(state: InvocationState | None, event: Event, error: FoldEr
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store on the test's namespace with one open, unrestricted run."""
-    async with open_store(redis_url, namespace) as store:
-        await store.open_run(RUN, deadline=timedelta(minutes=5))
-        yield store
+    store: Store = await make_open_store(shards=4, ttl=timedelta(minutes=5))
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    return store
 
 
 async def redis_state(store: Store, tool_call_id: str) -> InvocationState | None:

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import os
-from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -15,18 +15,18 @@ from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode
 from machine.events import ProjectingStarted, payload_digest
-from tests.helpers import RAW, REQUEST, TOOL, make_event, open_store
+from tests.helpers import RAW, REQUEST, TOOL, make_event
 
 RUN = "run-1"
 RACERS = 50
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store with one open run whose only tool has a budget of 100 calls."""
-    async with open_store(redis_url, namespace) as store:
-        await store.open_run(RUN, deadline=timedelta(minutes=5), tools={TOOL: 100})
-        yield store
+    store: Store = await make_open_store(shards=4, ttl=timedelta(minutes=5))
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={TOOL: 100})
+    return store
 
 
 async def feed_entries(store: Store, redis: Redis, tool_call_id: str) -> list[dict[bytes, bytes]]:

@@ -11,9 +11,8 @@ node straddling the horizon may keep a few old entries.
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from redis.asyncio import Redis
@@ -24,7 +23,7 @@ from eventstore.store import FEED_GRACE, Store
 from eventstore.writer import Writer
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from projections.feed import FeedEntry
-from tests.helpers import RAW, REQUEST, TOOL, open_store
+from tests.helpers import RAW, REQUEST, TOOL
 
 RUN = "run-1"
 TTL = timedelta(minutes=5)
@@ -38,10 +37,10 @@ OFFLINE = "redis://127.0.0.1:1/0"
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store with a five-minute record TTL (feed retention: TTL + one hour)."""
-    async with open_store(redis_url, namespace, ttl=TTL) as store:
-        yield store
+    store: Store = await make_open_store(shards=4, ttl=TTL)
+    return store
 
 
 async def server_now_ms(redis: Redis) -> int:

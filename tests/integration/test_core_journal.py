@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import msgspec
 import pytest
@@ -23,7 +23,6 @@ from tests.helpers import (
     key_values,
     make_event,
     namespace_keys,
-    open_store,
     record_fields,
 )
 
@@ -36,11 +35,11 @@ MARKERS = {
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store with one open run."""
-    async with open_store(redis_url, namespace) as store:
-        await store.open_run(RUN, deadline=timedelta(minutes=5), budget=10)
-        yield store
+    store: Store = await make_open_store(shards=4, ttl=timedelta(minutes=5))
+    await store.open_run(RUN, deadline=timedelta(minutes=5), budget=10)
+    return store
 
 
 async def write_ready(store: Store, tool_call_id: str = "call-1") -> None:

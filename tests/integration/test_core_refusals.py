@@ -7,8 +7,9 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import Awaitable, Callable
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -33,10 +34,10 @@ Setup = Callable[[Store], Awaitable[None]]
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store on the test's namespace (no run opened)."""
-    async with open_store(redis_url, namespace) as store:
-        yield store
+    store: Store = await make_open_store(shards=4, ttl=timedelta(minutes=5))
+    return store
 
 
 async def _inactive(store: Store) -> None:

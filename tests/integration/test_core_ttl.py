@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator
 from datetime import timedelta
+from typing import Any
 
 import pytest
 from redis.asyncio import Redis
@@ -31,11 +31,11 @@ TTL_COMMANDS = ("expire", "pexpire", "expireat", "pexpireat", "persist", "getex"
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store with a one-minute record TTL and one open run."""
-    async with open_store(redis_url, namespace, ttl=timedelta(minutes=1)) as store:
-        await store.open_run(RUN, deadline=timedelta(minutes=5))
-        yield store
+    store: Store = await make_open_store(shards=4, ttl=timedelta(minutes=1))
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    return store
 
 
 async def expiry_ms(redis: Redis, key: str, version: tuple[int, int, int]) -> int:

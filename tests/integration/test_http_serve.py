@@ -24,7 +24,7 @@ from eventstore.store import Store
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import read_view
-from tests.conftest import LOG_FORBIDDEN
+from tests.support.log_scan import LOG_FORBIDDEN
 
 RUN = "run-s"
 

@@ -24,7 +24,7 @@ from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from projections import ProgressWorker, ReceiptWorker, read_view
 from projections.supervisor import run_workers
-from tests.conftest import LOG_FORBIDDEN
+from tests.support.log_scan import LOG_FORBIDDEN
 
 RUN = "run-k"
 CALLS = 40

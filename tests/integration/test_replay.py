@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
@@ -35,12 +34,10 @@ CALLS = {
 
 
 @pytest.fixture
-async def store(redis_url: str, namespace: str) -> AsyncIterator[Store]:
+async def store(make_open_store: Any) -> Store:
     """A store on the test's namespace, closed after the test."""
-    async with Store.from_url(
-        redis_url, namespace=namespace, shards=4, ttl=timedelta(minutes=10)
-    ) as opened:
-        yield opened
+    store: Store = await make_open_store(shards=4, ttl=timedelta(minutes=10))
+    return store
 
 
 async def populate(store: Store, run_id: str = RUN) -> None:

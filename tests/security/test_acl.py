@@ -24,8 +24,8 @@ from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app, read_view
 from projections.supervisor import run_workers
-from tests.conftest import forbid_in_logs
 from tests.support.calls import RUN, TOOL, envelope, outcome
+from tests.support.log_scan import forbid_in_logs
 from tests.support.tools import FakeTool
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "acl.md"

@@ -1,9 +1,9 @@
-"""The session-wide log scan (tests/conftest.py) sees every kind of log the suite emits:
+"""The session-wide log scan (tests/support/log_scan.py) sees every kind of log the suite emits:
 plain structlog events, events captured by capture_logs, events after a CLI reconfigures
 logging in-process, and stdlib records; and it flags forbidden fragments and traces.
 
 Its end-of-session probe is tested on sessions of their own: a child pytest process runs
-the real conftest on a few generated test files.
+the real scan plugin (as its conftest) on a few generated test files.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from canon.logs import configure_logging
-from tests.conftest import LOG_SCAN, forbid_in_logs, probe_scan
+from tests.support.log_scan import LOG_SCAN, forbid_in_logs, probe_scan
 
 MARKER = "LOGSCAN-SELFTEST-7c1e"
 forbid_in_logs(MARKER)
@@ -135,8 +135,9 @@ def test_takes_the_scan_off_the_root_logger():
 
 
 def run_child_session(tmp_path: pathlib.Path, tests: str) -> subprocess.CompletedProcess[str]:
-    """Run pytest in a child process on ``tests`` with a copy of the suite's conftest."""
-    shutil.copy(pathlib.Path(__file__).parents[1] / "conftest.py", tmp_path / "conftest.py")
+    """Run pytest in a child process on ``tests`` with the suite's log scan as its conftest."""
+    plugin = pathlib.Path(__file__).parents[1] / "support" / "log_scan.py"
+    shutil.copy(plugin, tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text(_CHILD_SETTINGS)
     (tmp_path / "test_child.py").write_text(tests)
     return subprocess.run(
