@@ -47,8 +47,8 @@ from eventstore.errors import InvalidArgument
 from eventstore.replies import reply_text
 
 #: Most commands per pipeline. A larger turn is split so that several pipelines are in
-#: flight: Redis runs one while the client reads and prepares another. 8 measured best on
-#: 2 cores at 16 and 64 concurrent writers (docs/performance.md); 32 and 64 were slower.
+#: flight: Redis runs one while the client reads and prepares another (the measurements
+#: that chose 8 are in docs/performance.md).
 DEFAULT_MAX_BATCH: Final = 8
 #: Most pipelines in flight at once (one connection each).
 DEFAULT_MAX_LANES: Final = 8

@@ -40,8 +40,9 @@ from projections.groups import (
     retire_consumer,
 )
 from projections.handling import EntryHandler, wait_for
-from projections.lag import ShardLag, shard_lag, trim_feeds
+from projections.lag import ShardLag, shard_lag
 from projections.metrics import Metrics
+from projections.upkeep import pause_unless, report_lag, trim_periodically, watch_generation
 
 log = structlog.get_logger("canon.projections")
 
@@ -189,10 +190,12 @@ class Worker:
                 for lane in lanes:
                     group.create_task(self._follow_lane(lane, client, block_ms))
                 if self.metrics is not None:
-                    group.create_task(self._report_lag())
-                group.create_task(self._trim_periodically())
+                    group.create_task(report_lag(self.lag, self.metrics, self.name, self._leave))
+                group.create_task(trim_periodically(self.store, self.name, self._leave))
                 if self.generation is None and isinstance(self.projection, Generational):
-                    group.create_task(self._watch_generation(self.projection))
+                    group.create_task(
+                        watch_generation(self.store, self.projection, self.consumer, self._leave)
+                    )
         finally:
             if client is not self.store.client:
                 await client.aclose()
@@ -206,25 +209,6 @@ class Worker:
         if wanted != projection.generation:
             self.projection = projection.at_generation(wanted)
             self.handler.projection = self.projection
-
-    async def _watch_generation(self, projection: Generational, interval_s: float = 1.0) -> None:
-        """Leave the shard loops once readers have been switched to another generation."""
-        while not self._leave.is_set():
-            await self._pause(interval_s)
-            if self._leave.is_set():
-                return
-            try:
-                wanted = await current_generation(self.store, projection.family)
-            except StoreUnavailable:
-                continue
-            if wanted != projection.generation:
-                log.info(
-                    "generation_switched",
-                    projection=projection.family,
-                    generation=wanted,
-                    consumer=self.consumer,
-                )
-                self._leave.set()
 
     async def _retire(self) -> None:
         """Remove this consumer from each group where it holds nothing pending.
@@ -282,7 +266,7 @@ class Worker:
                     shards=len(lane),
                     error=exc.args[0],
                 )
-                await self._pause(_RETRY_PAUSE_S)
+                await pause_unless(self._leave, _RETRY_PAUSE_S)
 
     async def _read_lane(self, lane: tuple[int, ...], client: Redis, *, block_ms: int) -> None:
         """Read new entries of the lane's feeds with one XREADGROUP and settle them together."""
@@ -305,12 +289,6 @@ class Worker:
                     await self._group_missing(shard)
             return
         await self.handler.handle_read({feeds[feed]: entries for feed, entries in read.items()})
-
-    async def _pause(self, seconds: float) -> None:
-        try:
-            await asyncio.wait_for(self._leave.wait(), seconds)
-        except TimeoutError:
-            return
 
     async def _read(
         self, client: Redis, shard: int, start: str, block_ms: int | None
@@ -393,39 +371,6 @@ class Worker:
     async def lag(self) -> list[ShardLag]:
         """Return the lag figures of this projection on every owned shard."""
         return [await shard_lag(self.store, shard, self.name) for shard in self.shards]
-
-    async def _trim_periodically(self, interval_s: float = 60.0) -> None:
-        """Trim the feeds below every group's watermark while following.
-
-        The write scripts only trim entries older than the record TTL plus a grace period;
-        this keeps a busy feed short without ever removing an entry some group still needs.
-        """
-        while not self._leave.is_set():
-            await self._pause(interval_s)
-            if self._leave.is_set():
-                return
-            try:
-                removed = await trim_feeds(self.store)
-            except StoreUnavailable:
-                log.warning("feed_trim_failed", projection=self.name)
-                continue
-            if removed:
-                log.info("feeds_trimmed", projection=self.name, removed=removed)
-
-    async def _report_lag(self, interval_s: float = 5.0) -> None:
-        assert self.metrics is not None
-        while not self._leave.is_set():
-            try:
-                for figures in await self.lag():
-                    labels = (self.name, str(figures.shard))
-                    self.metrics.lag.labels(*labels).set(figures.lag)
-                    self.metrics.pending.labels(*labels).set(figures.pending)
-                    self.metrics.oldest_unacked.labels(*labels).set(
-                        figures.oldest_unacked_ms / 1000
-                    )
-            except StoreUnavailable:
-                log.warning("lag_read_failed", projection=self.name)
-            await self._pause(interval_s)
 
     async def wait_for(self, head: Head, timeout_s: float = 5.0) -> bool:
         """Wait until the projection reflects ``head`` (read-your-writes); False on timeout."""
