@@ -16,6 +16,7 @@ from eventstore.errors import CanonError, Refused, StoreUnavailable
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.replication import ReplicationTimeout
 from eventstore.runs import OpenedRun, RunInfo
+from eventstore.settings import StoreSettings
 from eventstore.store import Store
 from machine.limits import Limits
 
@@ -32,6 +33,7 @@ __all__ = [
     "RunContext",
     "RunInfo",
     "Store",
+    "StoreSettings",
     "StoreUnavailable",
     "StoredEvent",
     "ToolBoundary",

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -18,14 +17,11 @@ from eventstore.audit_tools import InvocationReplay, replay_invocation, replay_r
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
 from machine.ids import is_safe_id
+from projections.receipts import iso_ms
 
 
-def iso_ms(at_ms: int | None) -> str:
-    """Format milliseconds since the epoch as ISO-8601 UTC with milliseconds."""
-    if at_ms is None:
-        return "?"
-    moment = datetime.fromtimestamp(at_ms / 1000, UTC)
-    return moment.isoformat(timespec="milliseconds").replace("+00:00", "Z")
+def _when(at_ms: int | None) -> str:
+    return "?" if at_ms is None else iso_ms(at_ms)
 
 
 def _short(digest: str | None) -> str:
@@ -61,7 +57,7 @@ def _timeline(replay: InvocationReplay) -> Table:
         table.add_row(
             str(step.version or "?"),
             kind,
-            iso_ms(step.at_ms),
+            _when(step.at_ms),
             delta,
             payload,
             _short(step.payload_sha256),
@@ -97,7 +93,7 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
     console.print(
         f"record {'present' if replay.record_present else 'MISSING'}, "
         f"stream {'present' if replay.stream_present else 'MISSING'}, "
-        f"expires {iso_ms(replay.expires_at_ms)} "
+        f"expires {_when(replay.expires_at_ms)} "
         f"(PTTL record {replay.record_pttl_ms} ms, stream {replay.stream_pttl_ms} ms)"
     )
     console.print(_timeline(replay))
