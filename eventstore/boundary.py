@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
-import structlog
 
 from eventstore.contracts import (
     AgentReply,
@@ -32,6 +31,7 @@ from eventstore.contracts import (
 )
 from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
+from eventstore.logs import get_logger
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
@@ -39,7 +39,7 @@ from machine.ids import invocation_id, is_safe_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 
-log = structlog.get_logger("canon.boundary")
+log = get_logger("canon.boundary")
 
 _encoder: Final = msgspec.json.Encoder()
 _READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})

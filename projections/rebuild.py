@@ -35,11 +35,11 @@ from collections.abc import Callable
 from typing import Final, cast
 
 import msgspec
-import structlog
 from redis.asyncio import Redis
 
 from eventstore.errors import CanonError, redis_errors
 from eventstore.keys import generation_kind
+from eventstore.logs import get_logger
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import is_safe_id
@@ -50,7 +50,7 @@ from projections.receipt_worker import ReceiptProjection
 from projections.runtime import Worker, default_consumer
 from projections.scripts import script_source
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 #: The projections a rebuild knows, by name.
 PROJECTIONS: Final[dict[str, type[ReceiptProjection] | type[ProgressProjection]]] = {

@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Final, TypedDict
 
-import structlog
 from redis.asyncio import Redis
 
 from eventstore.errors import StoreUnavailable
+from eventstore.logs import get_logger
 from eventstore.store import Store
 from eventstore.writer import Head
 from projections.feed import Projection
@@ -43,7 +43,7 @@ from projections.handling import EntryHandler, wait_for
 from projections.lag import ShardLag, shard_lag, trim_feeds
 from projections.metrics import Metrics
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 _RETRY_PAUSE_S: Final = 0.5
 
