@@ -12,11 +12,12 @@ from eventstore.contracts import (
     ToolSpec,
 )
 from eventstore.durability import DurabilityError
-from eventstore.errors import CanonError, Refused, StoreUnavailable
+from eventstore.errors import CanonError, Refused, StoreClosed, StoreUnavailable, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.replication import ReplicationTimeout
 from eventstore.runs import OpenedRun, RunInfo
 from eventstore.store import Store
+from eventstore.sync import SyncBoundary, SyncStore
 from machine.limits import Limits
 
 __all__ = [
@@ -32,12 +33,16 @@ __all__ = [
     "RunContext",
     "RunInfo",
     "Store",
+    "StoreClosed",
     "StoreUnavailable",
     "StoredEvent",
+    "SyncBoundary",
+    "SyncStore",
     "ToolBoundary",
     "ToolCall",
     "ToolEnvelope",
     "ToolError",
     "ToolResult",
     "ToolSpec",
+    "WrongEventLoop",
 ]

@@ -22,11 +22,14 @@ own chain).
 from __future__ import annotations
 
 import logging
+import os
+import sys
 from collections.abc import MutableMapping
 from typing import Any, Final
 
 import structlog
 import structlog.stdlib
+from structlog.typing import Processor
 
 _SECRET_FIELDS: Final = frozenset(
     {"token", "access_token", "password", "authorization", "payload", "raw", "request"}
@@ -64,6 +67,22 @@ def _value(value: Any) -> str:
     return repr(value)
 
 
+#: Files whose frames are logging machinery, not the place an event was logged from.
+_MACHINERY: Final = (os.path.dirname(structlog.__file__), __file__)
+
+
+def _caller_level() -> int:
+    """The ``stacklevel`` that names the library code that logged (%(funcName)s ...).
+
+    Counted from :func:`to_record` (1): structlog's ``_process_event`` (2) and the
+    structlog method that calls the stdlib logger (3), which stacklevel 1 names.
+    """
+    frame, depth = sys._getframe(1), 1
+    while frame.f_back is not None and frame.f_code.co_filename.startswith(_MACHINERY):
+        frame, depth = frame.f_back, depth + 1
+    return max(depth - 2, 1)
+
+
 def to_record(
     _logger: object, _method: str, event_dict: MutableMapping[str, Any]
 ) -> tuple[tuple[str], dict[str, Any]]:
@@ -76,13 +95,13 @@ def to_record(
         for name, value in event_dict.items()
     }
     extra["event"] = event
-    options: dict[str, Any] = {"extra": extra}
+    options: dict[str, Any] = {"extra": extra, "stacklevel": _caller_level()}
     if exc_info:
         options["exc_info"] = exc_info
     return (message,), options
 
 
-_STDLIB_PROCESSORS: Final = [drop_secrets, to_record]
+_STDLIB_PROCESSORS: Final[list[Processor]] = [drop_secrets, to_record]
 
 
 class StdlibBoundLogger(structlog.stdlib.BoundLogger):

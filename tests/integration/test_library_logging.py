@@ -84,6 +84,12 @@ async def test_a_stdlib_configured_application_gets_every_event_with_its_fields(
         ("DEBUG", "event_committed"),
         ("INFO", "invocation_finished"),
     ]
+    # Each record names the library module that logged it, not the logging machinery.
+    assert [record["file"] for record in records[:3]] == [
+        "durability.py",
+        "durability.py",
+        "boundary.py",
+    ]
     assert records[0]["fields"]["risks"] == ["appendonly=no"]
     assert [record["fields"]["version"] for record in records[2:]] == [1, 2, 3, 3]
     finished = records[-1]

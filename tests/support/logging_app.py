@@ -6,9 +6,9 @@ one tool call through the boundary and prints one JSON line on standard output:
 ``{"status": ..., "records": [...]}``.
 
 MODE is ``none`` (logging left as Python starts it), ``stdlib`` (a root handler at DEBUG
-that keeps every record; ``records`` lists each one's logger name, level, message and
-canon's fields) or ``structlog`` (structlog configured by the application: JSON lines on
-standard error).
+that keeps every record; ``records`` lists each one's logger name, level, message, source
+file and canon's fields) or ``structlog`` (structlog configured by the application: JSON
+lines on standard error).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ def describe(record: logging.LogRecord) -> dict[str, Any]:
         "logger": record.name,
         "level": record.levelname,
         "message": record.getMessage(),
+        "file": record.filename,
         "fields": fields,
     }
 
