@@ -11,6 +11,7 @@ from typing import Any
 
 import pytest
 import redis
+from redis.asyncio import Redis as AsyncRedis
 
 from eventstore import (
     Projection,
@@ -22,6 +23,7 @@ from eventstore import (
     ToolSpec,
     WrongEventLoop,
 )
+from eventstore.durability import DurabilityError
 from eventstore.errors import InvalidArgument
 from machine.codes import ErrorCode, Status
 from tests.support.calls import RUN, TOOL, envelope, outcome
@@ -217,6 +219,19 @@ def test_sync_store_methods_mirror_the_async_store(redis_url: str, namespace: st
         assert store.check_durability("off") is None
 
 
+def test_a_store_that_refuses_to_start_leaves_no_thread(start_server: Any, namespace: str) -> None:
+    """Strict durability on a server without an append-only file: entering raises
+    DurabilityError, and the loop thread is already gone."""
+    server = start_server(appendonly=False)
+    before = set(threading.enumerate())
+    store = SyncStore.from_url(server.url, namespace=namespace, durability="strict")
+    with pytest.raises(DurabilityError), store:
+        pass
+    assert set(threading.enumerate()) - before == set()
+    with pytest.raises(StoreClosed):
+        store.run_info(RUN)
+
+
 @pytest.mark.parametrize("threads", [0, -1, True, 2.5])
 def test_max_tool_threads_must_be_a_positive_whole_number(
     redis_url: str, namespace: str, threads: Any
@@ -227,3 +242,12 @@ def test_max_tool_threads_must_be_a_positive_whole_number(
         pytest.raises(InvalidArgument, match="max_tool_threads"),
     ):
         SyncBoundary(store, {TOOL: SPEC}, max_tool_threads=threads)
+
+
+def test_a_sync_store_takes_a_client_as_store_does(redis_url: str, namespace: str) -> None:
+    """SyncStore(client, **options) builds the async store on its loop around that client."""
+    client = AsyncRedis.from_url(redis_url)
+    with SyncStore(client, namespace=namespace, shards=4) as store:
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        assert store.async_store.keys.shards == 4
+        assert store.run_info(RUN) is not None
