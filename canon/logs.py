@@ -1,32 +1,21 @@
 """Process-wide logging setup: configured once, at the entry point, never in libraries.
 
-Library modules only call ``structlog.get_logger()``. Output is JSON in production and
-readable key=value lines in a terminal. Payloads, tokens and Redis keys are never logged
-by our code; :func:`drop_secrets` is a last guard for fields that must never leave.
+Library modules log through :mod:`eventstore.logs`, which follows the structlog
+configuration made here. Output is JSON in production and readable key=value lines in a
+terminal, on standard error. Payloads, tokens and Redis keys are never logged by our code;
+:func:`~eventstore.logs.drop_secrets` is a last guard for fields that must never leave.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import MutableMapping
-from typing import Any, Final
+from typing import Any
 
 import msgspec
 import structlog
 
-_SECRET_FIELDS: Final = frozenset(
-    {"token", "access_token", "password", "authorization", "payload", "raw", "request"}
-)
-
-
-def drop_secrets(
-    _logger: object, _method: str, event_dict: MutableMapping[str, Any]
-) -> MutableMapping[str, Any]:
-    """Replace values of fields that must never be logged."""
-    for name in _SECRET_FIELDS & event_dict.keys():
-        event_dict[name] = "<redacted>"
-    return event_dict
+from eventstore.logs import drop_secrets
 
 
 def _json_line(event_dict: Any, **_options: Any) -> str:

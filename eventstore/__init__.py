@@ -12,12 +12,13 @@ from eventstore.contracts import (
     ToolSpec,
 )
 from eventstore.durability import DurabilityError
-from eventstore.errors import CanonError, Refused, StoreUnavailable
+from eventstore.errors import CanonError, Refused, StoreClosed, StoreUnavailable, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.replication import ReplicationTimeout
 from eventstore.runs import OpenedRun, RunInfo
 from eventstore.settings import StoreSettings
 from eventstore.store import Store
+from eventstore.sync import SyncBoundary, SyncStore
 from machine.limits import Limits
 
 __all__ = [
@@ -33,13 +34,17 @@ __all__ = [
     "RunContext",
     "RunInfo",
     "Store",
+    "StoreClosed",
     "StoreSettings",
     "StoreUnavailable",
     "StoredEvent",
+    "SyncBoundary",
+    "SyncStore",
     "ToolBoundary",
     "ToolCall",
     "ToolEnvelope",
     "ToolError",
     "ToolResult",
     "ToolSpec",
+    "WrongEventLoop",
 ]

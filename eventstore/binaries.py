@@ -25,9 +25,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Final
 
-import structlog
-
 from eventstore.errors import EmbeddedRedisError
+from eventstore.logs import get_logger
 
 __all__ = [
     "OLDEST_SUPPORTED",
@@ -44,7 +43,7 @@ __all__ = [
     "server_binaries",
 ]
 
-log = structlog.get_logger("canon.embedded")
+log = get_logger("canon.embedded")
 
 #: The oldest Redis the store supports (it relies on 6.2 commands such as XAUTOCLAIM).
 OLDEST_SUPPORTED: Final = (6, 2, 0)

@@ -18,7 +18,6 @@ from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import msgspec
-import structlog
 
 from eventstore.contracts import (
     AgentReply,
@@ -32,14 +31,16 @@ from eventstore.contracts import (
 )
 from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
+from eventstore.logs import get_logger
 from eventstore.store import Store
+from eventstore.tool_threads import ToolThreads
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id, is_safe_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 
-log = structlog.get_logger("canon.boundary")
+log = get_logger("canon.boundary")
 
 _encoder: Final = msgspec.json.Encoder()
 _READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
@@ -151,9 +152,9 @@ class _Trace:
         )
 
 
-async def _call(fn: Callable[..., Any], *args: Any, thread: bool) -> Any:
-    """Call a plain or async callable; ``thread`` runs a plain one in a worker thread."""
-    result = await asyncio.to_thread(fn, *args) if thread else fn(*args)
+async def _call(fn: Callable[..., Any], *args: Any, threads: ToolThreads | None) -> Any:
+    """Call a plain or async callable; with ``threads``, a plain one runs in one of them."""
+    result = await threads.run(fn, *args) if threads is not None else fn(*args)
     if inspect.isawaitable(result):
         result = await result
     return result
@@ -162,11 +163,16 @@ async def _call(fn: Callable[..., Any], *args: Any, thread: bool) -> Any:
 class _Tool:
     """A registered tool with what its calls need decided once, not per call."""
 
-    __slots__ = ("executor_deadlines", "executor_in_thread", "spec")
+    __slots__ = ("executor_deadlines", "executor_threads", "projector_threads", "spec")
 
-    def __init__(self, spec: ToolSpec, deadlines: dict[float, Deadlines]) -> None:
+    def __init__(
+        self, spec: ToolSpec, deadlines: dict[float, Deadlines], threads: ToolThreads
+    ) -> None:
         self.spec = spec
-        self.executor_in_thread = spec.thread and not inspect.iscoroutinefunction(spec.executor)
+        plain_executor = not inspect.iscoroutinefunction(spec.executor)
+        self.executor_threads = threads if spec.thread and plain_executor else None
+        plain_projector = not inspect.iscoroutinefunction(spec.projector)
+        self.projector_threads = threads if spec.projector_in_thread and plain_projector else None
         # Tools with the same time limit share one timer (see eventstore.deadlines).
         self.executor_deadlines = (
             deadlines.setdefault(spec.timeout_s, Deadlines(spec.timeout_s))
@@ -176,7 +182,7 @@ class _Tool:
 
     async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
         """Run the executor in ``task`` within the tool's time limit (TimeoutError past it)."""
-        running = _call(self.spec.executor, arguments, call, thread=self.executor_in_thread)
+        running = _call(self.spec.executor, arguments, call, threads=self.executor_threads)
         if self.executor_deadlines is None:
             return await running
         return await self.executor_deadlines.run(running, task)
@@ -191,11 +197,15 @@ class ToolBoundary:
         store_timeout_s: the longest one store operation may take before the call
             answers STORE_UNAVAILABLE (default: twice the store's command timeout,
             which leaves room for its retries).
+        max_tool_threads: how many plain executors and projectors may run at once, in
+            this boundary's own threads (see :mod:`eventstore.tool_threads`; default:
+            the event loop's default executor).
 
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
             (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
-            positive number of seconds; caught here, not on its first call.
+            positive number of seconds, or ``max_tool_threads`` is below 1; caught here,
+            not on its first call.
 
     """
 
@@ -205,6 +215,7 @@ class ToolBoundary:
         tools: Mapping[str, ToolSpec],
         *,
         store_timeout_s: float | None = None,
+        max_tool_threads: int | None = None,
     ) -> None:
         refused = [name for name in tools if not is_tool_name(name)]
         if refused:
@@ -215,18 +226,31 @@ class ToolBoundary:
             shown = ", ".join(repr(name) for name in slow[:5])
             raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
         self._store = store
+        self._threads = ToolThreads(max_tool_threads)
         executor_deadlines: dict[float, Deadlines] = {}
-        self._tools = {name: _Tool(spec, executor_deadlines) for name, spec in tools.items()}
+        self._tools = {
+            name: _Tool(spec, executor_deadlines, self._threads) for name, spec in tools.items()
+        }
         self._limits: Limits = store.settings.limits
         self._store_timeout_s = store_timeout_s or store.settings.timeout_s * 2
         self._store_deadlines = Deadlines(self._store_timeout_s)
+
+    def close(self, *, wait: bool = False) -> None:
+        """Stop this boundary's own tool threads; see :meth:`ToolThreads.close`."""
+        self._threads.close(wait=wait)
 
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see.
 
         Never raises for tool, projector, input or store failures; only cancellation
         propagates.
+
+        Raises:
+            WrongEventLoop: the store runs in another event loop (a programming error,
+                raised before anything is checked or written).
+
         """
+        self._store.check_loop()
         started = time.perf_counter()
         task = asyncio.current_task()
         if task is None:
@@ -338,7 +362,7 @@ class ToolBoundary:
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
 
-            projection = await self._project(tool.spec, raw_value, call)
+            projection = await self._project(tool, raw_value, call)
             evidence = EvidenceStatus(projection.evidence_status)
             try:
                 result = _encoder.encode(projection.result)
@@ -372,10 +396,12 @@ class ToolBoundary:
             invocation_id=call.invocation_id,
         )
 
-    async def _project(self, spec: ToolSpec, raw_value: Any, call: ToolCall) -> Projection:
+    async def _project(self, tool: _Tool, raw_value: Any, call: ToolCall) -> Projection:
         """Run the projector and check its answer's shape and evidence status."""
         try:
-            projection = await _call(spec.projector, raw_value, call, thread=False)
+            projection = await _call(
+                tool.spec.projector, raw_value, call, threads=tool.projector_threads
+            )
         except Exception:
             raise _Stop(ErrorCode.PROJECTION_FAILED) from None
         if not isinstance(projection, Projection) or not isinstance(projection.scope, str):

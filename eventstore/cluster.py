@@ -36,7 +36,6 @@ import time
 from typing import Any, Final, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
-import structlog
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
@@ -47,8 +46,9 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 from eventstore.errors import InvalidArgument
+from eventstore.logs import get_logger
 
-log = structlog.get_logger("canon.cluster")
+log = get_logger("canon.cluster")
 
 #: URL query parameter that selects the cluster client (``redis://host:port/0?cluster=1``).
 CLUSTER_PARAMETER: Final = "cluster"

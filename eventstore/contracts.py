@@ -84,6 +84,9 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
         timeout_s: most seconds the executor may take (None: no bound).
         thread: run a plain (non-async) executor in a worker thread so it cannot block
             the event loop.
+        projector_in_thread: run a plain projector in a worker thread too (for a slow
+            one); by default it runs on the event loop, as projectors are meant to be
+            quick.
     """
 
     executor: Executor
@@ -92,6 +95,7 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     authorized: bool = True
     timeout_s: float | None = None
     thread: bool = True
+    projector_in_thread: bool = False
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):

@@ -17,7 +17,8 @@ risk                                 why records could be lost or evicted
 ==================================== ===================================================
 
 A setting that cannot be read is *unverified*. Mode ``warn`` (the default) logs one
-``durability_warning``; ``strict`` raises :class:`DurabilityError` for any risk or
+``durability_warning`` (once per process for a server and what it reports, not at every
+store open); ``strict`` raises :class:`DurabilityError` for any risk or
 unverified setting; ``off`` reads nothing. ``appendfsync everysec`` is accepted: it loses
 at most about one second of commits, and only when the host itself fails.
 
@@ -27,20 +28,21 @@ wait for them is :mod:`eventstore.replication`.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Final, Literal, cast
 
-import structlog
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
 from eventstore.errors import CanonError, InvalidArgument, redis_errors
+from eventstore.logs import get_logger
 from eventstore.replies import reply_text
 from eventstore.server_settings import SETTING_NAMES, server_settings_warnings
 
-log = structlog.get_logger("canon.durability")
+log = get_logger("canon.durability")
 
 DurabilityMode = Literal["off", "warn", "strict"]
 MODES: Final = ("off", "warn", "strict")
@@ -245,16 +247,50 @@ async def check_durability(
     problems = report.risks + report.unverified
     if problems and mode == "strict":
         raise DurabilityError(problems)
-    if problems:
-        log.warning(
-            "durability_warning",
-            risks=report.risks,
-            unverified=report.unverified,
-            appendonly=report.appendonly,
-            appendfsync=report.appendfsync,
-            maxmemory_policy=report.maxmemory_policy,
-            source=report.source,
-        )
-    for line in report.setting_warnings:
-        log.warning("server_setting_warning", advice=line)
+    if (problems or report.setting_warnings) and _first_warning(
+        await _server_identity(client, cluster), report
+    ):
+        if problems:
+            log.warning(
+                "durability_warning",
+                risks=report.risks,
+                unverified=report.unverified,
+                appendonly=report.appendonly,
+                appendfsync=report.appendfsync,
+                maxmemory_policy=report.maxmemory_policy,
+                source=report.source,
+            )
+        for line in report.setting_warnings:
+            log.warning("server_setting_warning", advice=line)
     return report
+
+
+#: (server, report) pairs already warned about in this process.
+_warned: set[tuple[str, DurabilityReport]] = set()
+_warned_lock: Final = threading.Lock()
+
+
+def _first_warning(server: str, report: DurabilityReport) -> bool:
+    """True the first time this process sees ``report`` for ``server``.
+
+    Every store open (each worker, each short-lived store of a harness) reads the
+    settings; saying the same thing about the same server again only buries it.
+    """
+    with _warned_lock:
+        if (server, report) in _warned:
+            return False
+        _warned.add((server, report))
+        return True
+
+
+async def _server_identity(client: Redis, cluster: RedisCluster | None) -> str:
+    """The server's ``run_id`` (new at every server start), else its address."""
+    if cluster is not None:
+        return ",".join(sorted(node.name for node in cluster.get_primaries()))
+    try:
+        async with redis_errors():
+            server = await client.info("server")
+        return str(server["run_id"])
+    except (CanonError, ResponseError, KeyError):
+        options = client.connection_pool.connection_kwargs
+        return f"{options.get('host')}:{options.get('port')}:{options.get('path')}"

@@ -75,6 +75,28 @@ class EmbeddedRedisError(CanonError, RuntimeError):
     """Raised when a ``redis-server`` binary cannot be found, started or reached."""
 
 
+class WrongEventLoop(CanonError, RuntimeError):
+    """Raised when an async ``Store`` is used from an event loop other than its own.
+
+    A store's connections belong to the event loop it first ran in; from another loop (a
+    second ``asyncio.run``, another thread's loop) they would fail as if Redis were down.
+    Use :class:`eventstore.sync.SyncStore` from plain threads, or build the ``Store``
+    inside the loop that uses it.
+    """
+
+    def __init__(self, detail: str = "") -> None:
+        super().__init__(
+            detail
+            or "this Store runs in another event loop (it is bound to the loop of its first "
+            "call): from threads or a second asyncio.run use eventstore.sync.SyncStore, or "
+            "build the Store inside the event loop that uses it"
+        )
+
+
+class StoreClosed(CanonError):
+    """Raised when a ``SyncStore`` or ``SyncBoundary`` is used after it was closed."""
+
+
 @asynccontextmanager
 async def redis_errors() -> AsyncIterator[None]:
     """Translate redis-py exceptions into :class:`StoreUnavailable`, dropping their text."""

@@ -8,6 +8,7 @@ access stays inside this package and the packages built on it (see the seam in t
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -28,7 +29,7 @@ from eventstore.cluster import (
     store_client,
 )
 from eventstore.durability import DurabilityMode, DurabilityReport, check_durability
-from eventstore.errors import InvalidArgument, NamespaceMismatch, redis_errors
+from eventstore.errors import InvalidArgument, NamespaceMismatch, WrongEventLoop, redis_errors
 from eventstore.keys import Keys
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
 from eventstore.replication import ReplicaAcknowledgedCalls, validate_replicas
@@ -76,6 +77,10 @@ class Store:
 
     The reader, the scripts and the batcher stay private: they are how the store does
     its work, not something to build on.
+
+    A store belongs to the event loop of its first call: from any other loop its methods
+    (and ``ToolBoundary.invoke``) raise :class:`~eventstore.errors.WrongEventLoop`. Plain
+    threads use :class:`eventstore.sync.SyncStore`.
     """
 
     def __init__(
@@ -120,6 +125,7 @@ class Store:
         )
         self._reader = Reader(self.client, self.keys)
         self.runs = RunRegistry(self.client, self.keys, self._scripts, ttl_ms=settings.ttl_ms)
+        self._loop: asyncio.AbstractEventLoop | None = None
 
     @classmethod
     def from_url(
@@ -177,7 +183,21 @@ class Store:
         """What the auto-pipelining of script calls did so far (calls, round trips ...)."""
         return self._batcher.stats
 
+    def check_loop(self) -> None:
+        """Bind the store to the running event loop on its first call; then refuse others.
+
+        Raises:
+            WrongEventLoop: the store already runs in another event loop.
+
+        """
+        loop = asyncio.get_running_loop()
+        if loop is not self._loop:  # the only cost on the hot path: one comparison
+            if self._loop is not None:
+                raise WrongEventLoop
+            self._loop = loop
+
     async def __aenter__(self) -> Self:
+        self.check_loop()
         try:
             await self.check_namespace()
             await self.check_durability()
@@ -197,6 +217,7 @@ class Store:
 
     async def aclose(self) -> None:
         """Close the connection pool."""
+        self.check_loop()
         await self._batcher.drain()
         await self.client.aclose()
 
@@ -207,6 +228,7 @@ class Store:
             NamespaceMismatch: the namespace already exists with a different shard count.
 
         """
+        self.check_loop()
         meta = self.keys.meta()
         async with redis_errors():
             await self.client.hsetnx(meta, "shards", self.keys.shards)
@@ -223,6 +245,7 @@ class Store:
             DurabilityError: in strict mode, records could be lost or evicted.
 
         """
+        self.check_loop()
         return await check_durability(
             self.client,
             mode or self.settings.durability,
@@ -239,6 +262,7 @@ class Store:
         tools: Mapping[str, int | None] | None = None,
     ) -> OpenedRun:
         """Register a run; see :meth:`RunRegistry.open`. ``deadline`` may be relative."""
+        self.check_loop()
         if isinstance(deadline, timedelta):
             deadline_ms = now_ms() + milliseconds(deadline)
         else:
@@ -249,18 +273,22 @@ class Store:
 
     async def close_run(self, run_id: str) -> bool:
         """Mark a run inactive; False when the run is unknown."""
+        self.check_loop()
         return await self.runs.close(run_id)
 
     async def revoke_token(self, run_id: str) -> bool:
         """Withdraw a run's access token (receipts stop answering it); False when unknown."""
+        self.check_loop()
         return await self.runs.revoke_token(run_id)
 
     async def run_info(self, run_id: str) -> RunInfo | None:
         """Return a run's registry entry, or None."""
+        self.check_loop()
         return await self.runs.info(run_id)
 
     async def set_paused(self, paused: bool) -> None:
         """Pause or resume tool execution in the whole namespace (every shard's switch)."""
+        self.check_loop()
         async with redis_errors(), self.client.pipeline(transaction=False) as pipe:
             for shard in range(self.keys.shards):
                 pipe.hset(self.keys.control(shard), "paused", int(paused))
@@ -268,6 +296,7 @@ class Store:
 
     async def is_paused(self) -> bool:
         """Tell whether execution is paused."""
+        self.check_loop()
         async with redis_errors():
             value = await self.client.hget(self.keys.control(0), "paused")
         return value == b"1"
@@ -277,12 +306,14 @@ class Store:
 
         Read-only: never changes the record's expiry.
         """
+        self.check_loop()
         if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
             return None
         return await self._reader.get(run_id, tool_call_id)
 
     async def events(self, run_id: str, tool_call_id: str) -> list[StoredEvent]:
         """Return the invocation's stored events in order (read-only)."""
+        self.check_loop()
         if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
             return []
         return await self._reader.events(run_id, tool_call_id)

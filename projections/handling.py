@@ -12,14 +12,13 @@ from collections import Counter
 from collections.abc import Callable, Mapping
 from typing import Final, cast
 
-import structlog
-
+from eventstore.logs import get_logger
 from eventstore.writer import Head
 from projections.feed import BatchProjection, FeedEntry, FeedProjection, MalformedEntry, Outcome
 from projections.groups import Entry
 from projections.metrics import Metrics
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 #: Last error type per failing entry, kept for dead letters; bounded.
 _ERROR_MEMORY: Final = 1024

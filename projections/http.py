@@ -24,7 +24,6 @@ from collections.abc import Awaitable, Callable
 from typing import Any, Final
 
 import msgspec
-import structlog
 from starlette.applications import Starlette
 from starlette.middleware import Middleware
 from starlette.requests import Request
@@ -33,6 +32,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from eventstore.contracts import RunContext
 from eventstore.errors import StoreUnavailable
+from eventstore.logs import get_logger
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -43,7 +43,7 @@ from projections.metrics import Metrics
 from projections.progress import read_view
 from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt, iso_ms
 
-log = structlog.get_logger("canon.http")
+log = get_logger("canon.http")
 
 CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
 # Any one segment, so a malformed id is told apart (400) from a path of another shape

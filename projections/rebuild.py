@@ -34,11 +34,11 @@ from collections.abc import Callable
 from typing import Final, cast
 
 import msgspec
-import structlog
 from redis.asyncio import Redis
 
 from eventstore.errors import CanonError, InvalidArgument, redis_errors
 from eventstore.keys import generation_kind
+from eventstore.logs import get_logger
 from eventstore.replies import reply_text
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -49,7 +49,7 @@ from projections.receipt_projection import ReceiptProjection
 from projections.runtime import Worker, default_consumer
 from projections.scripts import script_source
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 #: The projections a rebuild knows, by name.
 PROJECTIONS: Final[dict[str, type[ReceiptProjection] | type[ProgressProjection]]] = {

@@ -20,10 +20,10 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import Final, TypedDict
 
-import structlog
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.logs import get_logger
 from eventstore.store import Store
 from eventstore.writer import Head
 from projections.feed import FeedProjection
@@ -44,7 +44,7 @@ from projections.lag import ShardLag, shard_lag
 from projections.metrics import Metrics
 from projections.upkeep import pause_unless, report_lag, trim_periodically, watch_generation
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 _RETRY_PAUSE_S: Final = 0.5
 

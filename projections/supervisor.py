@@ -14,13 +14,13 @@ import contextlib
 import signal
 from collections.abc import Iterator, Sequence
 
-import structlog
 import uvicorn
 from starlette.types import ASGIApp
 
+from eventstore.logs import get_logger
 from projections.runtime import Worker
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 _SIGNALS = (signal.SIGTERM, signal.SIGINT)
 

@@ -11,15 +11,14 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
-import structlog
-
 from eventstore.errors import StoreUnavailable
+from eventstore.logs import get_logger
 from eventstore.store import Store
 from projections.generations import Generational, current_generation
 from projections.lag import ShardLag, trim_feeds
 from projections.metrics import Metrics
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 
 async def pause_unless(leave: asyncio.Event, seconds: float) -> None:

@@ -110,6 +110,9 @@ def pytest_configure(config: pytest.Config) -> None:
     processors = structlog.get_config()["processors"]
     processors[:] = _with_scan(processors)  # in place: bound loggers hold this list
     logging.getLogger().addHandler(_SCAN_HANDLER)
+    # Library events that take the stdlib path (structlog not configured yet) are built
+    # at every level, so the scan sees them too.
+    logging.getLogger("canon").setLevel(logging.DEBUG)
 
 
 def pytest_unconfigure(config: pytest.Config) -> None:
@@ -117,6 +120,7 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     structlog.configure = _original_configure  # type: ignore[assignment]
     structlog.testing.LogCapture.__call__ = _original_capture  # type: ignore[method-assign]
     logging.getLogger().removeHandler(_SCAN_HANDLER)
+    logging.getLogger("canon").setLevel(logging.NOTSET)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -32,5 +32,26 @@ def test_harness_example_runs_as_written():
         check=False,
     )
     assert result.returncode == 0, result.stderr[-2000:]
-    assert "ToolResult(result={'titles': ['Refund policy']}" in result.stdout
+    # The library writes nothing to stdout: the example's own line is all there is.
+    [line] = result.stdout.splitlines()
+    assert line.startswith("ToolResult(result={'titles': ['Refund policy']}")
+    assert "Refunds within 30 days" not in result.stdout
+
+
+def test_sync_example_runs_as_written():
+    """The sync example runs from plain threads' code and prints only the bounded result."""
+    text = README.read_text()
+    example = re.search(r"## The same harness without asyncio\n\n```python\n(.*?)```", text, re.S)
+    assert example is not None
+    assert len(example.group(1).splitlines()) <= 25
+    result = subprocess.run(
+        [sys.executable, "-c", example.group(1)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    [line] = result.stdout.splitlines()
+    assert line.startswith("ToolResult(result={'titles': ['Refund policy']}")
     assert "Refunds within 30 days" not in result.stdout
