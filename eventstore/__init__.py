@@ -10,6 +10,7 @@ from eventstore.contracts import (
     ToolError,
     ToolResult,
     ToolSpec,
+    reply_to_builtins,
 )
 from eventstore.durability import DurabilityError
 from eventstore.errors import CanonError, Refused, StoreUnavailable
@@ -40,4 +41,5 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "ToolSpec",
+    "reply_to_builtins",
 ]

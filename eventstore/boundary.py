@@ -5,6 +5,11 @@ Order of one call: preflight (nothing executed, nothing stored) → the creation
 → executor → raw response stored complete → projector → bounded result stored → the
 agent receives that result, or a stable error code with its fixed message. Nothing raised
 by a tool, a projector, the input or Redis escapes to the agent.
+
+Three concerns live in modules of their own: answering a retried call from its record
+(:mod:`eventstore.replay_duplicates`), closing the record of a call cut short by its
+caller (:mod:`eventstore.interrupts`) and the OpenTelemetry span of each call
+(:mod:`eventstore.tracing`).
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ import logging
 import math
 import time
 from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 import msgspec
 import structlog
@@ -32,17 +37,27 @@ from eventstore.contracts import (
 )
 from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
+from eventstore.interrupts import INTERRUPTED_CODE, Interruptions, caller_cancelled
+from eventstore.replay_duplicates import replay_duplicate
 from eventstore.store import Store
-from eventstore.writer import Head
+from eventstore.tracing import TRACING, InvocationSpan
+from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id, is_safe_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
+from machine.results import decode_result, encode_result
 
 log = structlog.get_logger("canon.boundary")
 
 _encoder: Final = msgspec.json.Encoder()
 _READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
+
+
+#: What a boundary does with a second call of a (run, tool call id): see ToolBoundary.
+OnDuplicate = Literal["refuse", "replay"]
+#: Default longest wait of a replayed call for a first call still PROJECTING.
+DEFAULT_REPLAY_WAIT_S: Final = 10.0
 
 
 def _valid_time_limit(seconds: float | None) -> bool:
@@ -83,6 +98,7 @@ class _Trace:
         "invocation_id",
         "logger",
         "refused",
+        "replayed",
         "task",
         "version",
     )
@@ -111,6 +127,7 @@ class _Trace:
         self.version = 0
         self.event_type: str | None = None
         self.refused = False
+        self.replayed = False
 
     def refuse(self, code: ErrorCode, stage: str) -> ToolError:
         """Log a refusal at ``stage`` (nothing was written, so no version) and return it."""
@@ -121,7 +138,33 @@ class _Trace:
             stage=stage,
             error_code=code.value,
         )
-        return ToolError.of(code)
+        return self.error(code, recorded=False)
+
+    def error(self, code: ErrorCode, *, recorded: bool) -> ToolError:
+        """The reply for ``code``; ``recorded``: this call's record holds the outcome."""
+        return ToolError.of(
+            code,
+            tool_call_id=self.ids["tool_call_id"],
+            invocation_id=self.invocation_id if recorded else None,
+        )
+
+    def interrupted(self, closed: Head | None, error_type: str | None) -> None:
+        """Note how closing a call cut short went (see :mod:`eventstore.interrupts`)."""
+        if closed is not None:
+            self.commit("Failed", closed, INTERRUPTED_CODE)
+        elif error_type is not None:  # the record stays PROJECTING
+            self.logger.warning("interrupted_call_not_closed", **self.ids, error_type=error_type)
+
+    def replay(self, reply: AgentReply) -> AgentReply:
+        """Log that ``reply`` was answered from an earlier call's record and return it."""
+        self.replayed = True
+        self.logger.info(
+            "invocation_replayed",
+            **self.ids,
+            status="ERROR" if isinstance(reply, ToolError) else "READY",
+            error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
+        )
+        return reply
 
     def commit(self, event_type: str, head: Head, code: ErrorCode | None = None) -> Head:
         """Note that ``event_type`` was written at ``head.version``; log it at DEBUG."""
@@ -139,7 +182,9 @@ class _Trace:
     def finish(self, reply: AgentReply, tool: str | None, started: float) -> None:
         """Log the call's outcome, its last lifecycle event and its duration."""
         failed = isinstance(reply, ToolError)
-        (self.logger.warning if failed and not self.refused else self.logger.info)(
+        # A refusal or a replayed outcome is no new failure: INFO.
+        quiet = self.refused or self.replayed
+        (self.logger.warning if failed and not quiet else self.logger.info)(
             "invocation_finished",
             **self.ids,
             tool=tool,
@@ -191,11 +236,19 @@ class ToolBoundary:
         store_timeout_s: the longest one store operation may take before the call
             answers STORE_UNAVAILABLE (default: twice the store's command timeout,
             which leaves room for its retries).
+        on_duplicate: what a second call with a used (run, tool call id) gets.
+            ``"refuse"`` (default): DUPLICATE_TOOL_CALL. ``"replay"``: the same tool
+            with the same canonical request gets the first call's recorded reply
+            (see :mod:`eventstore.replay_duplicates`); the tool is not run again and no
+            budget is spent; anything else under that id is still DUPLICATE_TOOL_CALL.
+        replay_wait_s: with ``"replay"``, the longest wait for a first call that is
+            still PROJECTING (0: do not wait).
 
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
             (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
-            positive number of seconds; caught here, not on its first call.
+            positive number of seconds, or ``on_duplicate`` / ``replay_wait_s`` is not
+            one of the accepted values; caught here, not on its first call.
 
     """
 
@@ -205,6 +258,8 @@ class ToolBoundary:
         tools: Mapping[str, ToolSpec],
         *,
         store_timeout_s: float | None = None,
+        on_duplicate: OnDuplicate = "refuse",
+        replay_wait_s: float = DEFAULT_REPLAY_WAIT_S,
     ) -> None:
         refused = [name for name in tools if not is_tool_name(name)]
         if refused:
@@ -214,30 +269,49 @@ class ToolBoundary:
         if slow:
             shown = ", ".join(repr(name) for name in slow[:5])
             raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
+        if on_duplicate not in ("refuse", "replay"):
+            raise InvalidArgument('on_duplicate must be "refuse" or "replay"')
+        if not (isinstance(replay_wait_s, int | float) and 0 <= replay_wait_s < math.inf):
+            raise InvalidArgument("replay_wait_s must be a finite number of seconds, 0 or more")
         self._store = store
         executor_deadlines: dict[float, Deadlines] = {}
         self._tools = {name: _Tool(spec, executor_deadlines) for name, spec in tools.items()}
         self._limits: Limits = store.limits
         self._store_timeout_s = store_timeout_s or store.timeout_s * 2
         self._store_deadlines = Deadlines(self._store_timeout_s)
+        self._replay = on_duplicate == "replay"
+        self._replay_wait_s = float(replay_wait_s)
+        self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
 
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see.
 
-        Never raises for tool, projector, input or store failures; only cancellation
-        propagates.
+        Never raises for tool, projector, input or store failures. The caller's own
+        cancellation, and a ``KeyboardInterrupt`` or ``SystemExit`` (from the tool or
+        the process), propagate once the call's record, if it has one, is ERROR with
+        CALLER_CANCELLED (best-effort: see :mod:`eventstore.interrupts`).
         """
         started = time.perf_counter()
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("ToolBoundary.invoke must run in an asyncio task")
         trace = _Trace(ctx, envelope, task)
+        tool = self._tool_of(envelope)
+        tool_name = envelope.tool if tool is not None else None
+        # Without the otel extra, nothing is built: the span costs one flag test.
+        span = InvocationSpan(tool_name, trace.ids) if TRACING else None
         try:
             reply = await self._invoke(ctx, envelope, trace)
         except Exception as exc:  # a bug of ours must still not reach the agent
             trace.logger.error("invocation_crashed", error_type=type(exc).__name__)
-            reply = ToolError.of(ErrorCode.STORE_UNAVAILABLE)
-        trace.finish(reply, envelope.tool if self._tool_of(envelope) is not None else None, started)
+            reply = trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except BaseException:
+            if span is not None:
+                span.end(None)
+            raise
+        trace.finish(reply, tool_name, started)
+        if span is not None:
+            span.end(reply, replayed=trace.replayed)
         return reply
 
     def _tool_of(self, envelope: ToolEnvelope) -> _Tool | None:
@@ -286,24 +360,39 @@ class ToolBoundary:
             raise StoreUnavailable("TimeoutError") from None
         return trace.commit(event_type, head, code)
 
+    async def _bounded(self, operation: Awaitable[Any]) -> Any:
+        """Await one store read within the store timeout (StoreUnavailable past it)."""
+        try:
+            return await self._store_deadlines.run(operation)
+        except TimeoutError:
+            raise StoreUnavailable("TimeoutError") from None
+
     async def _invoke(self, ctx: RunContext, envelope: ToolEnvelope, trace: _Trace) -> AgentReply:
         try:
             tool, request = self._preflight(ctx, envelope)
         except _Stop as stop:
             return trace.refuse(stop.code, "preflight")
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
+        # Built before it is sent, so that an interrupted creation can be sent again.
+        creation = preflighted(run_id, tool_call_id, envelope.tool, request)
+        writer = self._store.writer
         try:
             head = await self._commit(
                 trace,
                 "Preflighted",
-                self._store.writer.create(run_id, tool_call_id, envelope.tool, request),
+                writer.append(creation, request, run_id=run_id, tool_call_id=tool_call_id),
             )
         except Refused as refused:
             if refused.error_code is None:
-                return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+                return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+            if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
+                return await self._replay_duplicate(trace, run_id, envelope.tool, request)
             return trace.refuse(refused.error_code, "create")
         except StoreUnavailable:
-            return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except BaseException:
+            await self._interruptions.close(None, (creation, request), trace.interrupted)
+            raise
         call = ToolCall(
             run_id=run_id,
             tool_call_id=tool_call_id,
@@ -313,9 +402,32 @@ class ToolBoundary:
         try:
             return await self._execute(tool, call, request, head, trace)
         except RecordExpired:
-            return ToolError.of(ErrorCode.RECORD_EXPIRED)
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except (StoreUnavailable, Refused):
-            return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    async def _replay_duplicate(
+        self, trace: _Trace, run_id: str, tool: str, request: bytes
+    ) -> AgentReply:
+        """Answer a duplicate from the first call's record (``on_duplicate="replay"``)."""
+        tool_call_id = trace.ids["tool_call_id"]
+        assert tool_call_id is not None  # past preflight: a safe id
+        try:
+            reply = await replay_duplicate(
+                self._store.reader,
+                self._bounded,
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+                tool=tool,
+                request=request,
+                wait_s=self._replay_wait_s,
+            )
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        if isinstance(reply, ToolError) and reply.invocation_id is None:
+            # Nothing recorded answers it (another request, or the record is gone).
+            return trace.refuse(reply.error_code, "replay")
+        return trace.replay(reply)
 
     async def _execute(
         self, tool: _Tool, call: ToolCall, request: bytes, head: Head, trace: _Trace
@@ -328,6 +440,11 @@ class ToolBoundary:
                 raw_value = await tool.execute(arguments, call, trace.task)
             except Exception:
                 raise _Stop(ErrorCode.EXECUTION_FAILED) from None
+            except asyncio.CancelledError:
+                if caller_cancelled(trace.task):
+                    raise
+                # The tool's own CancelledError, not its caller's: a tool failure.
+                raise _Stop(ErrorCode.EXECUTION_FAILED) from None
             try:
                 raw = encode_raw(raw_value)
             except (TypeError, ValueError, OverflowError):
@@ -338,10 +455,12 @@ class ToolBoundary:
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
 
-            projection = await self._project(tool.spec, raw_value, call)
+            projection = await self._project(tool.spec, raw_value, call, trace.task)
             evidence = EvidenceStatus(projection.evidence_status)
             try:
-                result = _encoder.encode(projection.result)
+                # NaN and Infinity are refused: stored as null, the agent would be shown
+                # a value the record does not hold.
+                result = encode_result(projection.result)
             except (TypeError, ValueError, OverflowError):
                 raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
             scope_bytes = utf8_size(projection.scope)
@@ -364,19 +483,33 @@ class ToolBoundary:
                 self._store.writer.fail(head, stop.code, stop.rejected_bytes),
                 stop.code,
             )
-            return ToolError.of(stop.code)
+            return trace.error(stop.code, recorded=True)
+        except Exception:
+            raise  # store failures: answered by _invoke
+        except BaseException:
+            # The caller's cancellation, KeyboardInterrupt, SystemExit: close, then go on.
+            await self._interruptions.close(head, None, trace.interrupted)
+            raise
         return ToolResult(
-            result=projection.result,
+            # What the record holds, decoded: the agent, a replay and a receipt agree.
+            result=decode_result(result),
             evidence_status=evidence,
             scope=projection.scope,
+            tool_call_id=call.tool_call_id,
             invocation_id=call.invocation_id,
         )
 
-    async def _project(self, spec: ToolSpec, raw_value: Any, call: ToolCall) -> Projection:
+    async def _project(
+        self, spec: ToolSpec, raw_value: Any, call: ToolCall, task: asyncio.Task[Any]
+    ) -> Projection:
         """Run the projector and check its answer's shape and evidence status."""
         try:
             projection = await _call(spec.projector, raw_value, call, thread=False)
         except Exception:
+            raise _Stop(ErrorCode.PROJECTION_FAILED) from None
+        except asyncio.CancelledError:
+            if caller_cancelled(task):
+                raise
             raise _Stop(ErrorCode.PROJECTION_FAILED) from None
         if not isinstance(projection, Projection) or not isinstance(projection.scope, str):
             raise _Stop(ErrorCode.PROJECTION_FAILED)
