@@ -477,11 +477,9 @@ class ToolBoundary:
                 self._store.writer.complete(head, result, evidence, projection.scope),
             )
         except _Stop as stop:
-            await self._commit(
-                trace,
-                "Failed",
-                self._store.writer.fail(head, stop.code, stop.rejected_bytes),
-                stop.code,
+            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes)
+            await self._closing_if_cut(
+                trace, head, self._commit(trace, "Failed", failing, stop.code)
             )
             return trace.error(stop.code, recorded=True)
         except Exception:
@@ -498,6 +496,16 @@ class ToolBoundary:
             tool_call_id=call.tool_call_id,
             invocation_id=call.invocation_id,
         )
+
+    async def _closing_if_cut(self, trace: _Trace, head: Head, step: Awaitable[Head]) -> Head:
+        """Await ``step``; if the call is cut short meanwhile, close its record, then go on."""
+        try:
+            return await step
+        except Exception:
+            raise
+        except BaseException:
+            await self._interruptions.close(head, None, trace.interrupted)
+            raise
 
     async def _project(
         self, spec: ToolSpec, raw_value: Any, call: ToolCall, task: asyncio.Task[Any]

@@ -15,7 +15,10 @@ globals().update(
             "test_cancelling_while_the_record_is_being_created_closes_it": (
                 "the cluster client is not batched, and redis-py's cluster client absorbs a "
                 "cancellation that lands during its command: the call then simply goes on"
-            )
+            ),
+            "test_cancelling_while_a_failure_is_being_written_still_closes_the_record": (
+                "the same: the cluster client absorbs a cancellation during its command"
+            ),
         },
     )
 )

@@ -205,3 +205,29 @@ async def test_a_second_cancellation_does_not_stop_the_closing(store: Store):
 
     await wait_for(closed)
     await assert_closed(store, ErrorCode.CALLER_CANCELLED)
+
+
+async def test_cancelling_while_a_failure_is_being_written_still_closes_the_record(
+    store: Store,
+):
+    """A cancellation that reaches the call as its Failed event is about to be sent (here
+    requested by the failing projector itself, so it lands at exactly that await) still
+    leaves the record ERROR: the Failed event never went out, CALLER_CANCELLED is written."""
+    await open_run(store)
+
+    def projector(raw: Any, call: ToolCall) -> Projection:
+        task = asyncio.current_task()
+        assert task is not None
+        task.cancel()  # delivered at the boundary's next await: the Failed write
+        raise RuntimeError("projection failed")
+
+    tool = FakeTool()
+    boundary = ToolBoundary(store, {TOOL: ToolSpec(executor=tool.executor, projector=projector)})
+
+    with pytest.raises(asyncio.CancelledError):
+        await boundary.invoke(RunContext(RUN), envelope())
+    this_test = asyncio.current_task()
+    assert this_test is not None
+    this_test.uncancel()  # the cancellation was this test's own, and it has arrived
+
+    await assert_closed(store, ErrorCode.CALLER_CANCELLED)
