@@ -10,6 +10,7 @@ from eventstore.contracts import (
     ToolError,
     ToolResult,
     ToolSpec,
+    reply_to_builtins,
 )
 from eventstore.durability import DurabilityError
 from eventstore.errors import CanonError, Refused, StoreClosed, StoreUnavailable, WrongEventLoop
@@ -47,4 +48,5 @@ __all__ = [
     "ToolResult",
     "ToolSpec",
     "WrongEventLoop",
+    "reply_to_builtins",
 ]

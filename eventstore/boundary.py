@@ -5,20 +5,24 @@ Order of one call: preflight (nothing executed, nothing stored) → the creation
 → executor → raw response stored complete → projector → bounded result stored → the
 agent receives that result, or a stable error code with its fixed message. Nothing raised
 by a tool, a projector, the input or Redis escapes to the agent.
+
+Three concerns live in modules of their own: answering a retried call from its record
+(:mod:`eventstore.replay_duplicates`), closing the record of a call cut short by its
+caller (:mod:`eventstore.interrupts`) and the OpenTelemetry span of each call
+(:mod:`eventstore.tracing`).
 """
 
 from __future__ import annotations
 
 import asyncio
-import inspect
-import logging
 import math
 import time
-from collections.abc import Awaitable, Callable, Mapping
-from typing import Any, Final
+from collections.abc import Awaitable, Mapping
+from typing import Any, Final, Literal
 
 import msgspec
 
+from eventstore.call_trace import CallTrace
 from eventstore.contracts import (
     AgentReply,
     Projection,
@@ -31,23 +35,27 @@ from eventstore.contracts import (
 )
 from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
-from eventstore.logs import get_logger
+from eventstore.interrupts import Interruptions, caller_cancelled
+from eventstore.registered_tools import RegisteredTool, call_tool_function, valid_time_limit
+from eventstore.replay_duplicates import replay_duplicate
 from eventstore.store import Store
 from eventstore.tool_threads import ToolThreads
-from eventstore.writer import Head
+from eventstore.tracing import TRACING, InvocationSpan
+from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id, is_safe_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
-
-log = get_logger("canon.boundary")
+from machine.results import decode_result, encode_raw, encode_result
 
 _encoder: Final = msgspec.json.Encoder()
 _READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
 
 
-def _valid_time_limit(seconds: float | None) -> bool:
-    return seconds is None or (isinstance(seconds, int | float) and 0 < seconds < math.inf)
+#: What a boundary does with a second call of a (run, tool call id): see ToolBoundary.
+OnDuplicate = Literal["refuse", "replay"]
+#: Default longest wait of a replayed call for a first call still PROJECTING.
+DEFAULT_REPLAY_WAIT_S: Final = 10.0
 
 
 class _Stop(Exception):
@@ -59,135 +67,6 @@ class _Stop(Exception):
         self.rejected_bytes = rejected_bytes
 
 
-def encode_raw(value: Any) -> bytes:
-    """Return a raw response's stored bytes: bytes as given, text as UTF-8, else JSON."""
-    if isinstance(value, bytes):
-        return value
-    if isinstance(value, str):
-        return value.encode("utf-8")
-    return _encoder.encode(value)
-
-
-class _Trace:
-    """One call's decisions so far and the logger that reports them: ids, never payloads.
-
-    Decisions are logged as they are taken: ``invocation_refused`` (INFO) when a call is
-    turned away before any record exists, ``event_committed`` (DEBUG) for each lifecycle
-    event written, and one ``invocation_finished`` per call, INFO unless a call that got
-    past its refusals ended in ERROR (WARNING).
-    """
-
-    __slots__ = (
-        "debug",
-        "event_type",
-        "ids",
-        "invocation_id",
-        "logger",
-        "refused",
-        "task",
-        "version",
-    )
-
-    def __init__(self, ctx: RunContext, envelope: ToolEnvelope, task: asyncio.Task[Any]) -> None:
-        # The task that runs the call: its time limits cancel it (eventstore.deadlines).
-        self.task = task
-        # One concrete logger per call: the lazy proxy would rebuild one per line.
-        self.logger: Any = log.bind()
-        is_enabled_for = getattr(self.logger, "is_enabled_for", None)
-        # The benchmark logs at INFO with little margin: with DEBUG off, no per-event
-        # line is even built.
-        self.debug: bool = is_enabled_for is None or bool(is_enabled_for(logging.DEBUG))
-        # Unsafe ids are never logged: they may carry anything the agent sent.
-        run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
-        tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
-        self.invocation_id = (
-            invocation_id(run_id, tool_call_id) if run_id and tool_call_id else None
-        )
-        # The ids every line of the call carries.
-        self.ids = {
-            "run_id": run_id,
-            "tool_call_id": tool_call_id,
-            "invocation_id": self.invocation_id,
-        }
-        self.version = 0
-        self.event_type: str | None = None
-        self.refused = False
-
-    def refuse(self, code: ErrorCode, stage: str) -> ToolError:
-        """Log a refusal at ``stage`` (nothing was written, so no version) and return it."""
-        self.refused = True
-        self.logger.info(
-            "invocation_refused",
-            **self.ids,
-            stage=stage,
-            error_code=code.value,
-        )
-        return ToolError.of(code)
-
-    def commit(self, event_type: str, head: Head, code: ErrorCode | None = None) -> Head:
-        """Note that ``event_type`` was written at ``head.version``; log it at DEBUG."""
-        self.version, self.event_type = head.version, event_type
-        if self.debug:
-            self.logger.debug(
-                "event_committed",
-                **self.ids,
-                event_type=event_type,
-                version=head.version,
-                error_code=code.value if code is not None else None,
-            )
-        return head
-
-    def finish(self, reply: AgentReply, tool: str | None, started: float) -> None:
-        """Log the call's outcome, its last lifecycle event and its duration."""
-        failed = isinstance(reply, ToolError)
-        (self.logger.warning if failed and not self.refused else self.logger.info)(
-            "invocation_finished",
-            **self.ids,
-            tool=tool,
-            status="ERROR" if failed else "READY",
-            error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
-            event_type=self.event_type,
-            version=self.version,
-            duration_ms=round((time.perf_counter() - started) * 1000, 3),
-        )
-
-
-async def _call(fn: Callable[..., Any], *args: Any, threads: ToolThreads | None) -> Any:
-    """Call a plain or async callable; with ``threads``, a plain one runs in one of them."""
-    result = await threads.run(fn, *args) if threads is not None else fn(*args)
-    if inspect.isawaitable(result):
-        result = await result
-    return result
-
-
-class _Tool:
-    """A registered tool with what its calls need decided once, not per call."""
-
-    __slots__ = ("executor_deadlines", "executor_threads", "projector_threads", "spec")
-
-    def __init__(
-        self, spec: ToolSpec, deadlines: dict[float, Deadlines], threads: ToolThreads
-    ) -> None:
-        self.spec = spec
-        plain_executor = not inspect.iscoroutinefunction(spec.executor)
-        self.executor_threads = threads if spec.thread and plain_executor else None
-        plain_projector = not inspect.iscoroutinefunction(spec.projector)
-        self.projector_threads = threads if spec.projector_in_thread and plain_projector else None
-        # Tools with the same time limit share one timer (see eventstore.deadlines).
-        self.executor_deadlines = (
-            deadlines.setdefault(spec.timeout_s, Deadlines(spec.timeout_s))
-            if spec.timeout_s is not None
-            else None
-        )
-
-    async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
-        """Run the executor in ``task`` within the tool's time limit (TimeoutError past it)."""
-        running = _call(self.spec.executor, arguments, call, threads=self.executor_threads)
-        if self.executor_deadlines is None:
-            return await running
-        return await self.executor_deadlines.run(running, task)
-
-
 class ToolBoundary:
     """Runs tools for one store with preflight, limits and safe errors.
 
@@ -197,6 +76,13 @@ class ToolBoundary:
         store_timeout_s: the longest one store operation may take before the call
             answers STORE_UNAVAILABLE (default: twice the store's command timeout,
             which leaves room for its retries).
+        on_duplicate: what a second call with a used (run, tool call id) gets.
+            ``"refuse"`` (default): DUPLICATE_TOOL_CALL. ``"replay"``: the same tool
+            with the same canonical request gets the first call's recorded reply
+            (see :mod:`eventstore.replay_duplicates`); the tool is not run again and no
+            budget is spent; anything else under that id is still DUPLICATE_TOOL_CALL.
+        replay_wait_s: with ``"replay"``, the longest wait for a first call that is
+            still PROJECTING (0: do not wait).
         max_tool_threads: how many plain executors and projectors may run at once, in
             this boundary's own threads (see :mod:`eventstore.tool_threads`; default:
             the event loop's default executor).
@@ -204,7 +90,8 @@ class ToolBoundary:
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
             (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
-            positive number of seconds, or ``max_tool_threads`` is below 1; caught here,
+            positive number of seconds, or ``on_duplicate`` / ``replay_wait_s`` is not
+            one of the accepted values, or ``max_tool_threads`` is below 1; caught here,
             not on its first call.
 
     """
@@ -215,25 +102,35 @@ class ToolBoundary:
         tools: Mapping[str, ToolSpec],
         *,
         store_timeout_s: float | None = None,
+        on_duplicate: OnDuplicate = "refuse",
+        replay_wait_s: float = DEFAULT_REPLAY_WAIT_S,
         max_tool_threads: int | None = None,
     ) -> None:
         refused = [name for name in tools if not is_tool_name(name)]
         if refused:
             shown = ", ".join(repr(name) for name in refused[:5])
             raise InvalidArgument(f"tool names not allowed (letters, digits, _ . -): {shown}")
-        slow = [name for name, spec in tools.items() if not _valid_time_limit(spec.timeout_s)]
+        slow = [name for name, spec in tools.items() if not valid_time_limit(spec.timeout_s)]
         if slow:
             shown = ", ".join(repr(name) for name in slow[:5])
             raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
+        if on_duplicate not in ("refuse", "replay"):
+            raise InvalidArgument('on_duplicate must be "refuse" or "replay"')
+        if not (isinstance(replay_wait_s, int | float) and 0 <= replay_wait_s < math.inf):
+            raise InvalidArgument("replay_wait_s must be a finite number of seconds, 0 or more")
         self._store = store
         self._threads = ToolThreads(max_tool_threads)
         executor_deadlines: dict[float, Deadlines] = {}
         self._tools = {
-            name: _Tool(spec, executor_deadlines, self._threads) for name, spec in tools.items()
+            name: RegisteredTool(spec, executor_deadlines, self._threads)
+            for name, spec in tools.items()
         }
         self._limits: Limits = store.settings.limits
         self._store_timeout_s = store_timeout_s or store.settings.timeout_s * 2
         self._store_deadlines = Deadlines(self._store_timeout_s)
+        self._replay = on_duplicate == "replay"
+        self._replay_wait_s = float(replay_wait_s)
+        self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
 
     def close(self, *, wait: bool = False) -> None:
         """Stop this boundary's own tool threads; see :meth:`ToolThreads.close`."""
@@ -242,8 +139,10 @@ class ToolBoundary:
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see.
 
-        Never raises for tool, projector, input or store failures; only cancellation
-        propagates.
+        Never raises for tool, projector, input or store failures. The caller's own
+        cancellation, and a ``KeyboardInterrupt`` or ``SystemExit`` (from the tool or
+        the process), propagate once the call's record, if it has one, is ERROR with
+        CALLER_CANCELLED (best-effort: see :mod:`eventstore.interrupts`).
 
         Raises:
             WrongEventLoop: the store runs in another event loop (a programming error,
@@ -255,20 +154,30 @@ class ToolBoundary:
         task = asyncio.current_task()
         if task is None:
             raise RuntimeError("ToolBoundary.invoke must run in an asyncio task")
-        trace = _Trace(ctx, envelope, task)
+        trace = CallTrace(ctx, envelope, task)
+        tool = self._tool_of(envelope)
+        tool_name = envelope.tool if tool is not None else None
+        # Without the otel extra, nothing is built: the span costs one flag test.
+        span = InvocationSpan(tool_name, trace.ids) if TRACING else None
         try:
             reply = await self._invoke(ctx, envelope, trace)
         except Exception as exc:  # a bug of ours must still not reach the agent
             trace.logger.error("invocation_crashed", error_type=type(exc).__name__)
-            reply = ToolError.of(ErrorCode.STORE_UNAVAILABLE)
-        trace.finish(reply, envelope.tool if self._tool_of(envelope) is not None else None, started)
+            reply = trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except BaseException:
+            if span is not None:
+                span.end(None)
+            raise
+        trace.finish(reply, tool_name, started)
+        if span is not None:
+            span.end(reply, replayed=trace.replayed)
         return reply
 
-    def _tool_of(self, envelope: ToolEnvelope) -> _Tool | None:
+    def _tool_of(self, envelope: ToolEnvelope) -> RegisteredTool | None:
         """The named tool, or None (also for a name that is not even a string)."""
         return self._tools.get(envelope.tool) if isinstance(envelope.tool, str) else None
 
-    def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[_Tool, bytes]:
+    def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[RegisteredTool, bytes]:
         """Checks that need no I/O, in the order the specification lists them."""
         if not is_safe_id(envelope.tool_call_id):
             raise _Stop(ErrorCode.INVALID_TOOL_CALL_ID)
@@ -298,7 +207,7 @@ class ToolBoundary:
 
     async def _commit(
         self,
-        trace: _Trace,
+        trace: CallTrace,
         event_type: str,
         operation: Awaitable[Head],
         code: ErrorCode | None = None,
@@ -310,24 +219,41 @@ class ToolBoundary:
             raise StoreUnavailable("TimeoutError") from None
         return trace.commit(event_type, head, code)
 
-    async def _invoke(self, ctx: RunContext, envelope: ToolEnvelope, trace: _Trace) -> AgentReply:
+    async def _bounded(self, operation: Awaitable[Any]) -> Any:
+        """Await one store read within the store timeout (StoreUnavailable past it)."""
+        try:
+            return await self._store_deadlines.run(operation)
+        except TimeoutError:
+            raise StoreUnavailable("TimeoutError") from None
+
+    async def _invoke(
+        self, ctx: RunContext, envelope: ToolEnvelope, trace: CallTrace
+    ) -> AgentReply:
         try:
             tool, request = self._preflight(ctx, envelope)
         except _Stop as stop:
             return trace.refuse(stop.code, "preflight")
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
+        # Built before it is sent, so that an interrupted creation can be sent again.
+        creation = preflighted(run_id, tool_call_id, envelope.tool, request)
+        writer = self._store.writer
         try:
             head = await self._commit(
                 trace,
                 "Preflighted",
-                self._store.writer.create(run_id, tool_call_id, envelope.tool, request),
+                writer.append(creation, request, run_id=run_id, tool_call_id=tool_call_id),
             )
         except Refused as refused:
             if refused.error_code is None:
-                return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+                return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+            if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
+                return await self._replay_duplicate(trace, run_id, envelope.tool, request)
             return trace.refuse(refused.error_code, "create")
         except StoreUnavailable:
-            return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except BaseException:
+            await self._interruptions.close(None, (creation, request), trace.interrupted)
+            raise
         call = ToolCall(
             run_id=run_id,
             tool_call_id=tool_call_id,
@@ -337,12 +263,35 @@ class ToolBoundary:
         try:
             return await self._execute(tool, call, request, head, trace)
         except RecordExpired:
-            return ToolError.of(ErrorCode.RECORD_EXPIRED)
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except (StoreUnavailable, Refused):
-            return ToolError.of(ErrorCode.STORE_UNAVAILABLE)
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    async def _replay_duplicate(
+        self, trace: CallTrace, run_id: str, tool: str, request: bytes
+    ) -> AgentReply:
+        """Answer a duplicate from the first call's record (``on_duplicate="replay"``)."""
+        tool_call_id = trace.ids["tool_call_id"]
+        assert tool_call_id is not None  # past preflight: a safe id
+        try:
+            reply = await replay_duplicate(
+                self._store.reader,
+                self._bounded,
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+                tool=tool,
+                request=request,
+                wait_s=self._replay_wait_s,
+            )
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        if isinstance(reply, ToolError) and reply.invocation_id is None:
+            # Nothing recorded answers it (another request, or the record is gone).
+            return trace.refuse(reply.error_code, "replay")
+        return trace.replay(reply)
 
     async def _execute(
-        self, tool: _Tool, call: ToolCall, request: bytes, head: Head, trace: _Trace
+        self, tool: RegisteredTool, call: ToolCall, request: bytes, head: Head, trace: CallTrace
     ) -> AgentReply:
         """Executor, raw storage, projector, result storage; failures end in ERROR."""
         limits = self._limits
@@ -351,6 +300,11 @@ class ToolBoundary:
             try:
                 raw_value = await tool.execute(arguments, call, trace.task)
             except Exception:
+                raise _Stop(ErrorCode.EXECUTION_FAILED) from None
+            except asyncio.CancelledError:
+                if caller_cancelled(trace.task):
+                    raise
+                # The tool's own CancelledError, not its caller's: a tool failure.
                 raise _Stop(ErrorCode.EXECUTION_FAILED) from None
             try:
                 raw = encode_raw(raw_value)
@@ -362,10 +316,12 @@ class ToolBoundary:
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
 
-            projection = await self._project(tool, raw_value, call)
+            projection = await self._project(tool, raw_value, call, trace.task)
             evidence = EvidenceStatus(projection.evidence_status)
             try:
-                result = _encoder.encode(projection.result)
+                # NaN and Infinity are refused: stored as null, the agent would be shown
+                # a value the record does not hold.
+                result = encode_result(projection.result)
             except (TypeError, ValueError, OverflowError):
                 raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
             scope_bytes = utf8_size(projection.scope)
@@ -382,27 +338,49 @@ class ToolBoundary:
                 self._store.writer.complete(head, result, evidence, projection.scope),
             )
         except _Stop as stop:
-            await self._commit(
-                trace,
-                "Failed",
-                self._store.writer.fail(head, stop.code, stop.rejected_bytes),
-                stop.code,
+            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes)
+            await self._closing_if_cut(
+                trace, head, self._commit(trace, "Failed", failing, stop.code)
             )
-            return ToolError.of(stop.code)
+            return trace.error(stop.code, recorded=True)
+        except Exception:
+            raise  # store failures: answered by _invoke
+        except BaseException:
+            # The caller's cancellation, KeyboardInterrupt, SystemExit: close, then go on.
+            await self._interruptions.close(head, None, trace.interrupted)
+            raise
         return ToolResult(
-            result=projection.result,
+            # What the record holds, decoded: the agent, a replay and a receipt agree.
+            result=decode_result(result),
             evidence_status=evidence,
             scope=projection.scope,
+            tool_call_id=call.tool_call_id,
             invocation_id=call.invocation_id,
         )
 
-    async def _project(self, tool: _Tool, raw_value: Any, call: ToolCall) -> Projection:
+    async def _closing_if_cut(self, trace: CallTrace, head: Head, step: Awaitable[Head]) -> Head:
+        """Await ``step``; if the call is cut short meanwhile, close its record, then go on."""
+        try:
+            return await step
+        except Exception:
+            raise
+        except BaseException:
+            await self._interruptions.close(head, None, trace.interrupted)
+            raise
+
+    async def _project(
+        self, tool: RegisteredTool, raw_value: Any, call: ToolCall, task: asyncio.Task[Any]
+    ) -> Projection:
         """Run the projector and check its answer's shape and evidence status."""
         try:
-            projection = await _call(
+            projection = await call_tool_function(
                 tool.spec.projector, raw_value, call, threads=tool.projector_threads
             )
         except Exception:
+            raise _Stop(ErrorCode.PROJECTION_FAILED) from None
+        except asyncio.CancelledError:
+            if caller_cancelled(task):
+                raise
             raise _Stop(ErrorCode.PROJECTION_FAILED) from None
         if not isinstance(projection, Projection) or not isinstance(projection.scope, str):
             raise _Stop(ErrorCode.PROJECTION_FAILED)

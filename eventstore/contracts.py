@@ -99,24 +99,56 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):
-    """A successful reply: only the bounded agent result and its evidence status."""
+    """A successful reply: the bounded agent result, its evidence status and the call's ids.
+
+    Attributes:
+        result: the agent result exactly as stored (its JSON decoded), so a replayed reply
+            and a receipt show the same value.
+        evidence_status: EVIDENCE_FOUND or NO_EVIDENCE.
+        scope: what was searched.
+        tool_call_id: the framework's id of the call this answers, for routing the reply.
+        invocation_id: the canonical record's public id.
+    """
 
     result: Any
     evidence_status: EvidenceStatus
     scope: str
+    tool_call_id: str
     invocation_id: str
 
 
 class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_field="status"):
-    """A failed reply: a stable code and its fixed message, nothing else."""
+    """A failed reply: a stable code, its fixed message and the call's ids, nothing else.
+
+    Attributes:
+        error_code: the stable code.
+        message: the code's fixed message.
+        tool_call_id: the framework's id of the call this answers; None when that id was
+            refused (an unsafe id is never echoed).
+        invocation_id: the canonical record's public id when a record holds this outcome,
+            else None (a refusal before creation stores nothing).
+    """
 
     error_code: ErrorCode
     message: str
+    tool_call_id: str | None = None
+    invocation_id: str | None = None
 
     @classmethod
-    def of(cls, code: ErrorCode) -> ToolError:
+    def of(
+        cls,
+        code: ErrorCode,
+        *,
+        tool_call_id: str | None = None,
+        invocation_id: str | None = None,
+    ) -> ToolError:
         """Build the reply for ``code`` with its fixed message."""
-        return cls(error_code=code, message=SAFE_MESSAGES[code])
+        return cls(
+            error_code=code,
+            message=SAFE_MESSAGES[code],
+            tool_call_id=tool_call_id,
+            invocation_id=invocation_id,
+        )
 
 
 AgentReply = ToolResult | ToolError
@@ -126,7 +158,12 @@ ReplyStatus = Literal["READY", "ERROR"]
 
 
 def reply_to_builtins(reply: AgentReply) -> dict[str, Any]:
-    """Return the reply as plain JSON-ready data (``{"status": ..., ...}``)."""
+    """Return the reply as plain JSON-ready data, every key always present.
+
+    ``{"status": "READY", "result", "evidence_status", "scope", "tool_call_id",
+    "invocation_id"}`` or ``{"status": "ERROR", "error_code", "message", "tool_call_id",
+    "invocation_id"}`` (the ids may be None on an error).
+    """
     data = msgspec.to_builtins(reply)
     assert isinstance(data, dict)
     return data

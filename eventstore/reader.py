@@ -131,6 +131,20 @@ class Reader:
             result = await self._client.hgetall(self._keys.record(run_id, tool_call_id))
         return cast(dict[bytes, bytes], result)
 
+    async def select(
+        self, run_id: str, tool_call_id: str, names: tuple[str, ...]
+    ) -> dict[str, bytes]:
+        """Return the named record fields that are set ({} when the record is absent).
+
+        One HMGET: the large payloads that :meth:`fields` would carry stay in Redis.
+        """
+        async with redis_errors():
+            values = cast(
+                list[bytes | None],
+                await self._client.hmget(self._keys.record(run_id, tool_call_id), names),
+            )
+        return {name: value for name, value in zip(names, values, strict=True) if value is not None}
+
     async def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None when it is absent or expired.
 

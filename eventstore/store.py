@@ -73,9 +73,11 @@ class Store:
       the benchmark's write load).
     * ``runs``: the run registry, to authenticate a run's token and resolve an
       invocation id to its tool call id (the receipt API, ``canon inspect``).
+    * ``reader``: read-only access to records and streams, never touching a TTL (the
+      boundary's replayed retries and closing of interrupted calls).
     * ``batch_stats``: what the auto-pipelining did (the benchmark reports it).
 
-    The reader, the scripts and the batcher stay private: they are how the store does
+    The scripts and the batcher stay private: they are how the store does
     its work, not something to build on.
 
     A store belongs to the event loop of its first call: from any other loop its methods
@@ -177,6 +179,15 @@ class Store:
             )
             client = Redis.from_pool(pool)
         return cls(client, settings)
+
+    @property
+    def reader(self) -> Reader:
+        """The read-only access to records and streams (never touches a TTL).
+
+        For the boundary's replayed retries and the closing of interrupted calls, which
+        read a record the way the store's own ``get`` does, without the id checks.
+        """
+        return self._reader
 
     @property
     def batch_stats(self) -> BatchStats:

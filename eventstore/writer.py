@@ -76,6 +76,26 @@ class Head:
     expires_at_ms: int
 
 
+def preflighted(run_id: str, tool_call_id: str, tool: str, request: bytes) -> Preflighted:
+    """Return a new invocation's first event, for :meth:`Writer.append` of ``request``.
+
+    Built apart from the append so that a caller who loses the reply (a cancellation
+    mid-flight) can send the very same event again: it is answered as applied if the
+    first one landed, and creates the record if it did not, never both.
+    """
+    return Preflighted(
+        event_id=new_event_id(),
+        version=1,
+        at_ms=now_ms(),
+        prev_hash=GENESIS_HASH,
+        run_id=run_id,
+        tool_call_id=tool_call_id,
+        tool=tool,
+        request_sha256=payload_digest(request),
+        request_bytes=len(request),
+    )
+
+
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
@@ -201,17 +221,7 @@ class Writer:
             StoreUnavailable: Redis failed or timed out.
 
         """
-        event = Preflighted(
-            event_id=new_event_id(),
-            version=1,
-            at_ms=now_ms(),
-            prev_hash=GENESIS_HASH,
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            tool=tool,
-            request_sha256=payload_digest(request),
-            request_bytes=len(request),
-        )
+        event = preflighted(run_id, tool_call_id, tool, request)
         return await self.append(event, request, run_id=run_id, tool_call_id=tool_call_id)
 
     async def start_projecting(self, head: Head, raw: bytes) -> Head:

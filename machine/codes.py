@@ -64,6 +64,8 @@ class ErrorCode(StrEnum):
     RECORD_EXPIRED = "RECORD_EXPIRED"
     STORE_UNAVAILABLE = "STORE_UNAVAILABLE"
     SERIALIZATION_FAILED = "SERIALIZATION_FAILED"
+    #: The caller cancelled the call, or the process was asked to exit, while it ran.
+    CALLER_CANCELLED = "CALLER_CANCELLED"
 
 
 #: One fixed message per code. These are the only words an agent ever reads about a failure.
@@ -88,6 +90,7 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.RECORD_EXPIRED: "The tool call record is no longer available.",
     ErrorCode.STORE_UNAVAILABLE: "The invocation store is unavailable.",
     ErrorCode.SERIALIZATION_FAILED: "The tool result could not be serialized.",
+    ErrorCode.CALLER_CANCELLED: "The tool call was cancelled before it finished.",
 }
 
 #: Codes that refuse a call before any record exists.

@@ -25,9 +25,9 @@ from eventstore import (
     ToolResult,
     ToolSpec,
 )
-from eventstore.boundary import encode_raw
 from machine.codes import PREFLIGHT_CODES, EvidenceStatus, Status
 from machine.ids import is_safe_id
+from machine.results import encode_raw
 from tests.conftest import RedisServer
 from tests.support.tools import namespace_keys
 

@@ -88,7 +88,7 @@ async def test_a_stdlib_configured_application_gets_every_event_with_its_fields(
     assert [record["file"] for record in records[:3]] == [
         "durability.py",
         "durability.py",
-        "boundary.py",
+        "call_trace.py",  # the boundary's per-call log lines (logger canon.boundary)
     ]
     assert records[0]["fields"]["risks"] == ["appendonly=no"]
     assert [record["fields"]["version"] for record in records[2:]] == [1, 2, 3, 3]

@@ -40,6 +40,11 @@ async def open_run(store: Store, run_id: str = RUN, **options: Any) -> None:
     await store.open_run(run_id, **options)
 
 
+def recorded_error(code: ErrorCode, call_id: str = "call_1") -> ToolError:
+    """The reply for ``code`` when the call's record holds it: both ids are named."""
+    return ToolError.of(code, tool_call_id=call_id, invocation_id=invocation_id(RUN, call_id))
+
+
 def envelope(call_id: str = "call_1", tool: str = "search", run_id: str = RUN, **args: Any):
     return ToolEnvelope(run_id=run_id, tool_call_id=call_id, tool=tool, arguments=args or {"q": 1})
 
@@ -53,7 +58,7 @@ async def test_cross_run_tool_call_is_rejected(store: Store, redis: Redis, names
 
     reply = await boundary.invoke(RunContext("run-a"), envelope(run_id="run-b"))
 
-    assert reply == ToolError.of(ErrorCode.RUN_MISMATCH)
+    assert reply == ToolError.of(ErrorCode.RUN_MISMATCH, tool_call_id="call_1")
     assert tool.executed == 0
     assert await record_keys(redis, namespace) == []
 
@@ -75,7 +80,7 @@ async def test_unauthorized_or_writable_tool_is_rejected(
 
     reply = await boundary.invoke(RunContext(RUN), envelope(secret="request-body"))
 
-    assert reply == ToolError.of(code)
+    assert reply == ToolError.of(code, tool_call_id="call_1")
     assert tool.executed == 0
     assert b"request-body" not in msgspec.json.encode(reply)
     assert await record_keys(redis, namespace) == []
@@ -165,7 +170,7 @@ async def test_projection_fails(store: Store, tool: FakeTool, code: ErrorCode):
 
     reply = await boundary.invoke(RunContext(RUN), envelope())
 
-    assert reply == ToolError.of(code)
+    assert reply == recorded_error(code)
     record = await store.get(RUN, "call_1")
     assert record is not None
     assert record.state.status is Status.ERROR
@@ -186,7 +191,7 @@ async def test_duplicate_tool_call_id_is_submitted(store: Store):
     before = await record_fields(store, RUN, "call_1")
     reply = await boundary_2.invoke(RunContext(RUN), envelope(q="two"))
 
-    assert reply == ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL)
+    assert reply == ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id="call_1")
     assert second.executed == 0
     assert await record_fields(store, RUN, "call_1") == before
 
@@ -241,7 +246,7 @@ async def test_raw_response_is_too_large(make_store: Any):
 
     reply = await ToolBoundary(store, {"search": tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert reply == ToolError.of(ErrorCode.RESULT_TOO_LARGE)
+    assert reply == recorded_error(ErrorCode.RESULT_TOO_LARGE)
     assert tool.projected == 0
     record = await store.get(RUN, "call_1")
     assert record is not None
@@ -264,7 +269,7 @@ async def test_agent_result_is_too_large(make_store: Any):
 
     reply = await ToolBoundary(store, {"search": tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert reply == ToolError.of(ErrorCode.RESULT_TOO_LARGE)
+    assert reply == recorded_error(ErrorCode.RESULT_TOO_LARGE)
     assert "🚀" not in repr(reply)
     record = await store.get(RUN, "call_1")
     assert record is not None
@@ -278,7 +283,7 @@ async def test_tool_execution_throws(store: Store):
 
     reply = await ToolBoundary(store, {"search": tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert reply == ToolError.of(ErrorCode.EXECUTION_FAILED)
+    assert reply == recorded_error(ErrorCode.EXECUTION_FAILED)
     assert "hunter2" not in repr(reply)
     record = await store.get(RUN, "call_1")
     assert record is not None

@@ -10,6 +10,7 @@ from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary, ToolEnvelope, ToolError, ToolResult
 from machine.codes import SAFE_MESSAGES, ErrorCode
+from machine.ids import is_invocation_id, is_safe_id
 from tests.support.tools import FakeTool, namespace_keys
 
 #: The run most boundary tests use.
@@ -45,7 +46,7 @@ def outcome(reply: ToolResult | ToolError) -> str:
 
 
 def assert_safe_error(reply: ToolResult | ToolError, code: ErrorCode) -> None:
-    """The reply is exactly the fixed-message error of ``code`` and nothing more."""
+    """The reply is exactly the fixed-message error of ``code`` and the call's ids."""
     assert isinstance(reply, ToolError), reply
     assert reply.error_code is code
     assert reply.message == SAFE_MESSAGES[code]
@@ -53,7 +54,12 @@ def assert_safe_error(reply: ToolResult | ToolError, code: ErrorCode) -> None:
         "status": "ERROR",
         "error_code": code.value,
         "message": SAFE_MESSAGES[code],
+        "tool_call_id": reply.tool_call_id,
+        "invocation_id": reply.invocation_id,
     }
+    # Only a safe id is echoed, and only a record's own id is named.
+    assert reply.tool_call_id is None or is_safe_id(reply.tool_call_id)
+    assert reply.invocation_id is None or is_invocation_id(reply.invocation_id)
 
 
 async def assert_refused_before_execution(

@@ -1,0 +1,68 @@
+"""Payloads as stored: raw response bytes, and agent results as JSON the agent sees exactly.
+
+JSON has no NaN or Infinity. An encoder that writes them as ``null`` would store one value
+and hand the agent another, so a result holding a non-finite number is refused instead.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, Final
+
+import msgspec
+
+from machine.errors import CanonError
+
+_encoder: Final = msgspec.json.Encoder()
+#: What every non-finite float becomes in msgspec's JSON: without it, none was there.
+_NULL: Final = b"null"
+
+
+class NonFiniteNumber(CanonError, ValueError):
+    """Raised when a result holds NaN or an infinity, which JSON cannot carry."""
+
+
+def _has_non_finite(value: object) -> bool:
+    """Tell whether a builtins tree (``msgspec.to_builtins`` output) holds NaN or infinity."""
+    pending = [value]
+    while pending:
+        item = pending.pop()
+        if isinstance(item, float):
+            if not math.isfinite(item):
+                return True
+        elif isinstance(item, Mapping):
+            pending.extend(item.values())
+        elif isinstance(item, list | tuple | set | frozenset):
+            pending.extend(item)
+    return False
+
+
+def encode_result(value: Any) -> bytes:
+    """Return a projector result's stored JSON bytes.
+
+    Raises:
+        NonFiniteNumber: the value holds NaN or an infinity.
+        TypeError: the value holds something JSON cannot encode.
+        OverflowError: an integer out of JSON's range.
+
+    """
+    encoded = _encoder.encode(value)
+    # The walk runs only when a null was written: a real None and a NaN both look like it.
+    if _NULL in encoded and _has_non_finite(msgspec.to_builtins(value)):
+        raise NonFiniteNumber("NaN and Infinity are not JSON")
+    return encoded
+
+
+def decode_result(stored: bytes) -> Any:
+    """Return the value the agent is shown for stored result bytes."""
+    return msgspec.json.decode(stored)
+
+
+def encode_raw(value: Any) -> bytes:
+    """Return a raw response's stored bytes: bytes as given, text as UTF-8, else JSON."""
+    if isinstance(value, bytes):
+        return value
+    if isinstance(value, str):
+        return value.encode("utf-8")
+    return _encoder.encode(value)
