@@ -35,7 +35,7 @@ from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnav
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.ids import invocation_id, is_safe_id, is_tool_name
+from machine.ids import invocation_id, is_run_id, is_tool_call_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 
@@ -97,8 +97,8 @@ class _Trace:
         # line is even built.
         self.debug: bool = is_enabled_for is None or bool(is_enabled_for(logging.DEBUG))
         # Unsafe ids are never logged: they may carry anything the agent sent.
-        run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
-        tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
+        run_id = ctx.run_id if is_run_id(ctx.run_id) else None
+        tool_call_id = envelope.tool_call_id if is_tool_call_id(envelope.tool_call_id) else None
         self.invocation_id = (
             invocation_id(run_id, tool_call_id) if run_id and tool_call_id else None
         )
@@ -246,9 +246,10 @@ class ToolBoundary:
 
     def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[_Tool, bytes]:
         """Checks that need no I/O, in the order the specification lists them."""
-        if not is_safe_id(envelope.tool_call_id):
+        # The namespace's key layout decides (the legacy one holds no ':' in a call id).
+        if not self._store.keys.accepts_tool_call_id(envelope.tool_call_id):
             raise _Stop(ErrorCode.INVALID_TOOL_CALL_ID)
-        if not is_safe_id(ctx.run_id) or envelope.run_id != ctx.run_id:
+        if not is_run_id(ctx.run_id) or envelope.run_id != ctx.run_id:
             raise _Stop(ErrorCode.RUN_MISMATCH)
         limits = self._limits
         try:

@@ -27,7 +27,6 @@ removed by the next rebuild's takeover.
 from __future__ import annotations
 
 import asyncio
-import re
 import secrets
 import time
 from collections import Counter
@@ -42,7 +41,6 @@ from eventstore.errors import CanonError, redis_errors
 from eventstore.keys import generation_kind
 from eventstore.store import Store
 from eventstore.writer import now_ms
-from machine.ids import is_safe_id
 from projections.generations import REBUILD_FIELD, current_generation, group_name
 from projections.lag import feed_groups
 from projections.progress import ProgressProjection
@@ -132,8 +130,6 @@ class Rebuild:
         self.grace_s = grace_s
         self.on_record = on_record
         self._field = REBUILD_FIELD + projection
-        namespace = re.escape(store.keys.namespace)
-        self._record_re = re.compile(rf"{namespace}:\{{s\d+\}}:inv:([^:]+):([^:]+)")
 
     async def run(self) -> RebuildReport:
         """Rebuild, switch and retire the previous generation; return what was done.
@@ -256,13 +252,10 @@ class Rebuild:
 
     def _record_ids(self, key: bytes) -> tuple[str, str] | None:
         """The (run, call) of a record key; None for streams and anything misplaced."""
-        match = self._record_re.fullmatch(key.decode("utf-8", "replace"))
-        if match is None:
+        parsed = self.store.keys.parse_invocation_key(key)
+        if parsed is None or parsed.kind != "record" or not parsed.placed:
             return None
-        run_id, call = match.groups()
-        if not (is_safe_id(run_id) and is_safe_id(call)):
-            return None
-        return (run_id, call) if self.store.keys.record(run_id, call) == key.decode() else None
+        return parsed.run_id, parsed.tool_call_id
 
     async def _switch(self, claim: str, generation: int) -> tuple[str, int]:
         script = self.store.client.register_script(script_source("switch_generation"))
