@@ -63,7 +63,7 @@ json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
 safe_ids = st.one_of(
     st.from_regex(r"[A-Za-z0-9_\-][A-Za-z0-9._:{}*?\[\]\-]{0,30}", fullmatch=True),
     st.text(
-        st.characters(blacklist_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=20
+        st.characters(exclude_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=20
     ).filter(is_tool_call_id),
 )
 unsafe_ids = st.one_of(
