@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import sys
 import unicodedata
 
@@ -80,6 +81,22 @@ def test_every_provider_id_shape_is_a_tool_call_id(name: str) -> None:
     """Every id shape the providers publish (and ':', braces, glob characters, a leading
     '_' or '-', 512 multi-byte UTF-8 bytes) is accepted as it is."""
     assert is_tool_call_id(ACCEPTED[name])
+
+
+def test_the_id_table_has_the_shapes_the_providers_publish() -> None:
+    """The table's ids are the published shapes: Gemini 3 via LiteLLM is 284 characters with
+    __thought__ and base64 (+, / and =), Mistral's is 9 alphanumerics, Kimi's names the
+    function and an index, the longest one is 512 bytes of multi-byte UTF-8."""
+    gemini = ACCEPTED["gemini-3"]
+    assert len(gemini) == 284 and "__thought__" in gemini
+    assert {"+", "/", "="} <= set(gemini.partition("__thought__")[2])
+    assert re.fullmatch(r"[a-zA-Z0-9]{9}", ACCEPTED["mistral-9"])
+    assert re.fullmatch(r"functions\.[a-z_]+:\d+", ACCEPTED["kimi"])
+    assert re.fullmatch(r"call_0_[0-9a-f]{8}(-[0-9a-f]{4}){3}-[0-9a-f]{12}", ACCEPTED["deepseek"])
+    assert re.fullmatch(r"chatcmpl-tool-[0-9a-f]{32}", ACCEPTED["vllm"])
+    longest = ACCEPTED["longest-multibyte"]
+    assert len(longest.encode()) == MAX_TOOL_CALL_ID_BYTES and not longest.isascii()
+    assert len(str(REFUSED["513-bytes-multibyte"]).encode()) == MAX_TOOL_CALL_ID_BYTES + 1
 
 
 @pytest.mark.parametrize("name", list(REFUSED))
