@@ -43,7 +43,7 @@ from eventstore.tool_threads import ToolThreads
 from eventstore.tracing import TRACING, InvocationSpan
 from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.ids import invocation_id, is_safe_id, is_tool_name
+from machine.ids import invocation_id, is_run_id, is_tool_name
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 from machine.results import decode_result, encode_raw, encode_result
@@ -179,9 +179,10 @@ class ToolBoundary:
 
     def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[RegisteredTool, bytes]:
         """Checks that need no I/O, in the order the specification lists them."""
-        if not is_safe_id(envelope.tool_call_id):
+        # The namespace's key layout decides (the legacy one holds no ':' in a call id).
+        if not self._store.keys.accepts_tool_call_id(envelope.tool_call_id):
             raise _Stop(ErrorCode.INVALID_TOOL_CALL_ID)
-        if not is_safe_id(ctx.run_id) or envelope.run_id != ctx.run_id:
+        if not is_run_id(ctx.run_id) or envelope.run_id != ctx.run_id:
             raise _Stop(ErrorCode.RUN_MISMATCH)
         limits = self._limits
         try:

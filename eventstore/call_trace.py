@@ -15,7 +15,7 @@ from eventstore.interrupts import INTERRUPTED_CODE
 from eventstore.logs import get_logger
 from eventstore.writer import Head
 from machine.codes import ErrorCode
-from machine.ids import invocation_id, is_safe_id
+from machine.ids import invocation_id, is_run_id, is_tool_call_id
 
 log = get_logger("canon.boundary")
 
@@ -51,8 +51,8 @@ class CallTrace:
         # line is even built.
         self.debug: bool = is_enabled_for is None or bool(is_enabled_for(logging.DEBUG))
         # Unsafe ids are never logged: they may carry anything the agent sent.
-        run_id = ctx.run_id if is_safe_id(ctx.run_id) else None
-        tool_call_id = envelope.tool_call_id if is_safe_id(envelope.tool_call_id) else None
+        run_id = ctx.run_id if is_run_id(ctx.run_id) else None
+        tool_call_id = envelope.tool_call_id if is_tool_call_id(envelope.tool_call_id) else None
         self.invocation_id = (
             invocation_id(run_id, tool_call_id) if run_id and tool_call_id else None
         )

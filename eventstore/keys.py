@@ -3,35 +3,47 @@
 All keys of one run share the run's shard hash tag, so one script can touch a run's
 record, stream, counters, progress list and the shard feed atomically, also on a cluster.
 
-=================================== ====== ======================== =======================
-key                                 type   written by               TTL
-=================================== ====== ======================== =======================
-``{ns}:meta``                       hash   check_namespace, rebuild none (namespace config)
-``{ns}:{sNN}:ctl``                  hash   ``Store.set_paused``     none (one per shard)
-``{ns}:{sNN}:run:<run>``            hash   open_run.lua, create.lua deadline + record TTL
-``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
-``{ns}:{sNN}:inv:<run>:<call>:ev``  stream create.lua, append.lua   same instant as record
-``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
-``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age, watermark-safe
-``{ns}:{sNN}:receipt:<invocation>`` hash   receipt worker           the record's expiry
-``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
-``{ns}:{sNN}:pos:<group>``          hash   projection workers       none (per-shard cursor)
-``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
-=================================== ====== ======================== =======================
+================================= ====== ======================== ==========================
+key                               type   written by               TTL
+================================= ====== ======================== ==========================
+``{ns}:meta``                     hash   check_namespace, rebuild none (namespace config)
+``{ns}:{sNN}:ctl``                hash   ``Store.set_paused``     none (one per shard)
+``{ns}:{sNN}:run:<run>``          hash   open_run.lua, create.lua deadline + record TTL
+``{ns}:{sNN}:inv:<run>:<call>``   hash   create.lua, append.lua   record TTL, set once
+``{ns}:{sNN}:ev:<run>:<call>``    stream create.lua, append.lua   same instant as record
+``{ns}:{sNN}:progress:<run>``     list   append.lua (terminal)    the run's expiry
+``{ns}:{sNN}:feed``               stream create.lua, append.lua   trimmed by age, watermark-safe
+``{ns}:{sNN}:receipt:<inv id>``   hash   receipt worker           the record's expiry
+``{ns}:{sNN}:rview:<run>``        hash   progress worker          the run's expiry
+``{ns}:{sNN}:pos:<group>``        hash   projection workers       none (per-shard cursor)
+``{ns}:{sNN}:dead``               stream projection workers       trimmed by length
+================================= ====== ======================== ==========================
 
 Projection outputs rebuilt by ``canon rebuild`` live beside the first ones, at
 ``receipt.g<N>:`` and ``rview.g<N>:``; the namespace metadata names the generation
 readers use (``generation:<projection>``) and the consumer group of generation N > 1 is
 ``<projection>.g<N>``.
 
-Every method that puts a run id or a tool call id into a key checks it first
-(:func:`machine.ids.is_safe_id`: no ``:``, braces, whitespace or control characters, at
-most 128 characters), so no key can be confused with another; an unsafe id raises
+**Ids in keys.** A run id (:func:`machine.ids.is_run_id`: no ``:``, braces, whitespace or
+control characters) comes right after the kind; a tool call id
+(:func:`machine.ids.is_tool_call_id`: up to 512 UTF-8 bytes, ``:``, braces and glob
+characters allowed) is always the last component. So a key splits at the first ``:``
+after the run id, and the first ``{...}`` of every key is the shard tag (the cluster hash
+slot ignores braces later in a key). The same holds for the ``run:call`` items of the
+progress list (:func:`split_identity`). An id that is not acceptable raises
 :class:`~eventstore.errors.InvalidArgument` before any command is sent, and is never
 rewritten. :meth:`Keys.invocation` builds all the keys of one write with each id checked
 once, for the writer's hot path. Parsing a key back into its ids (a SCAN's keys) is here
-too (:meth:`Keys.record_ids`, :meth:`Keys.parse_invocation_key`), beside the formatting
+too (:meth:`Keys.parse_invocation_key`, :meth:`Keys.record_ids`), beside the formatting
 it inverts.
+
+**Layouts.** ``{ns}:meta`` field ``layout`` names the key layout of the namespace,
+written when the namespace is created. :data:`LAYOUT` (2) is the one above. A namespace
+whose metadata has a shard count but no layout was created before the layout was recorded:
+:data:`LEGACY_LAYOUT` (1), where the stream is the record key plus ``:ev``
+(``{ns}:{sNN}:inv:<run>:<call>:ev``). Its keys are still built and parsed here, for every
+reader and writer; because a call id ending in ``:ev`` would make its record look like
+another call's stream there, that layout accepts no tool call id holding ``:``.
 """
 
 from __future__ import annotations
@@ -40,12 +52,23 @@ import re
 import zlib
 from dataclasses import dataclass
 from functools import lru_cache
+from typing import Final, Literal
 
 from eventstore.errors import InvalidArgument
-from machine.ids import is_invocation_id, is_safe_id
+from machine.ids import is_invocation_id, is_run_id, is_tool_call_id
 
 DEFAULT_NAMESPACE = "canon"
 DEFAULT_SHARDS = 16
+#: The key layout this version writes; recorded in ``{ns}:meta`` when a namespace is created.
+LAYOUT: Final = 2
+#: The layout of a namespace whose metadata records none: the stream is ``<record>:ev``.
+LEGACY_LAYOUT: Final = 1
+#: Every layout this version reads and writes.
+LAYOUTS: Final = (LEGACY_LAYOUT, LAYOUT)
+
+_NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,31}")
+# Redis SCAN MATCH patterns give these characters a meaning; a backslash quotes one.
+_GLOB = re.compile(r"([*?\[\]\\])")
 
 
 def generation_kind(kind: str, generation: int) -> str:
@@ -59,10 +82,24 @@ def generation_kind(kind: str, generation: int) -> str:
     return kind if generation == 1 else f"{kind}.g{generation}"
 
 
-def _safe(value: str, what: str) -> str:
-    """Return ``value`` if it is a safe id; the error names the kind of id, never its text."""
-    if not is_safe_id(value):
-        raise InvalidArgument(f"{what} is not a safe id")
+def escape_glob(text: str) -> str:
+    """Return ``text`` as a SCAN MATCH pattern that matches exactly ``text``."""
+    return _GLOB.sub(r"\\\1", text)
+
+
+def split_identity(identity: str) -> tuple[str, str]:
+    """Split a ``run:call`` item of a progress list into run id and tool call id.
+
+    Run ids hold no ``:``, so the first ``:`` is the separator, whatever the call id holds.
+    """
+    run_id, _, tool_call_id = identity.partition(":")
+    return run_id, tool_call_id
+
+
+def _run_id(value: str) -> str:
+    """Return ``value`` if it is a run id; the error names the kind of id, never its text."""
+    if not is_run_id(value):
+        raise InvalidArgument("run id is not a safe id")
     return value
 
 
@@ -94,17 +131,46 @@ class InvocationKeys:
 
 
 @dataclass(frozen=True, slots=True)
+class InvocationKey:
+    """A record or stream key read back from Redis (see :meth:`Keys.parse_invocation_key`).
+
+    Attributes:
+        kind: ``record`` or ``stream``.
+        run_id: the run id the key names.
+        tool_call_id: the tool call id the key names.
+        placed: the ids are acceptable and build exactly this key (in the run's shard).
+
+    """
+
+    kind: Literal["record", "stream"]
+    run_id: str
+    tool_call_id: str
+    placed: bool
+
+
+@dataclass(frozen=True, slots=True)
 class Keys:
-    """Key layout of one namespace with a fixed shard count."""
+    """Key layout of one namespace with a fixed shard count, in one of :data:`LAYOUTS`."""
 
     namespace: str = DEFAULT_NAMESPACE
     shards: int = DEFAULT_SHARDS
+    layout: int = LAYOUT
 
     def __post_init__(self) -> None:
-        if not is_safe_id(self.namespace) or len(self.namespace) > 32:
+        if not isinstance(self.namespace, str) or not _NAMESPACE.fullmatch(self.namespace):
             raise InvalidArgument("namespace must be a safe id of at most 32 characters")
         if not 1 <= self.shards <= 1024:
             raise InvalidArgument("shards must be between 1 and 1024")
+        if self.layout not in LAYOUTS:
+            raise InvalidArgument("unknown key layout")
+
+    def accepts_tool_call_id(self, value: object) -> bool:
+        """Tell whether ``value`` is a tool call id this layout can hold in a key.
+
+        Every :func:`machine.ids.is_tool_call_id` in :data:`LAYOUT`; in
+        :data:`LEGACY_LAYOUT` only those without ``:``.
+        """
+        return is_tool_call_id(value) and (self.layout != LEGACY_LAYOUT or ":" not in value)
 
     def tag(self, shard: int) -> str:
         """Return the key prefix of one shard, hash tag included."""
@@ -114,16 +180,16 @@ class Keys:
         """Return the key prefix of the shard that owns ``run_id``.
 
         Raises:
-            InvalidArgument: ``run_id`` is not a safe id (so is every key built on it).
+            InvalidArgument: ``run_id`` is not a run id (so is every key built on it).
 
         """
-        return self.tag(shard_of(_safe(run_id, "run id"), self.shards))
+        return self.tag(shard_of(_run_id(run_id), self.shards))
 
     def invocation(self, run_id: str, tool_call_id: str) -> InvocationKeys:
         """Return every key a write of one invocation touches, each id checked once.
 
         Raises:
-            InvalidArgument: ``run_id`` or ``tool_call_id`` is not a safe id.
+            InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
 
         """
         if type(run_id) is str and type(tool_call_id) is str:
@@ -132,7 +198,7 @@ class Keys:
         return _build_invocation_keys(self, run_id, tool_call_id)  # refuses it
 
     def meta(self) -> str:
-        """Namespace metadata (shard count, schema)."""
+        """Namespace metadata (shard count, layout, projection generations)."""
         return f"{self.namespace}:meta"
 
     def control(self, shard: int) -> str:
@@ -151,14 +217,20 @@ class Keys:
         """Canonical record of one invocation.
 
         Raises:
-            InvalidArgument: ``run_id`` or ``tool_call_id`` is not a safe id.
+            InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
 
         """
-        return _record(self.tag_of(run_id), run_id, _safe(tool_call_id, "tool call id"))
+        return _record(self.tag_of(run_id), run_id, self._tool_call_id(tool_call_id))
 
     def stream(self, run_id: str, tool_call_id: str) -> str:
-        """Event stream of one invocation."""
-        return _stream(self.record(run_id, tool_call_id))
+        """Event stream of one invocation.
+
+        Raises:
+            InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
+
+        """
+        tag, call = self.tag_of(run_id), self._tool_call_id(tool_call_id)
+        return _stream(self.layout, tag, run_id, call)
 
     def progress(self, run_id: str) -> str:
         """Ordered canonical identities of a run's finished calls."""
@@ -176,7 +248,7 @@ class Keys:
         """Materialized receipt of one invocation (in its run's shard), per generation.
 
         Raises:
-            InvalidArgument: ``run_id`` is not a safe id or ``invocation_id`` is not 64
+            InvalidArgument: ``run_id`` is not a run id or ``invocation_id`` is not 64
                 lowercase hex digits.
 
         """
@@ -197,31 +269,53 @@ class Keys:
         return f"{self.tag(shard)}:dead"
 
     def scan_pattern(self, kind: str) -> str:
-        """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...)."""
+        """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...).
+
+        In :data:`LEGACY_LAYOUT`, ``inv`` also matches the streams; see
+        :meth:`invocation_scan_pattern` and :meth:`parse_invocation_key`.
+        """
         return f"{self.namespace}:{{s*}}:{kind}:*"
 
-    def parse_invocation_key(self, key: str | bytes) -> tuple[str, str, str] | None:
-        """Split an invocation key of this namespace into ``(kind, run_id, tool_call_id)``.
+    def invocation_scan_pattern(self, run_id: str | None = None) -> str:
+        """SCAN MATCH pattern for every record and stream key (of ``run_id`` if given).
 
-        ``kind`` is ``"record"`` or ``"stream"``. The shard tag is not checked against the
-        run's (a misplaced key still parses; :meth:`record_ids` checks it).
+        A superset at worst, never missing one: tell records from streams (and from a
+        key that only looks like one) with :meth:`parse_invocation_key`.
 
-        Returns:
-            The parts, or None for any other key: another namespace or kind, bytes that
-            are not UTF-8, or ids that are not safe.
+        Raises:
+            InvalidArgument: ``run_id`` is not a run id.
 
         """
-        try:
-            text = key.decode() if isinstance(key, bytes) else key
-        except UnicodeDecodeError:
-            return None
-        match = _invocation_key_re(self.namespace).fullmatch(text)
+        tag = "{s*}" if run_id is None else escape_glob(self.tag_of(run_id).split(":", 1)[1])
+        run = "*" if run_id is None else f"{escape_glob(run_id)}:*"
+        if self.layout == LEGACY_LAYOUT:
+            return f"{self.namespace}:{tag}:inv:{run}"
+        # inv and ev are the only kinds starting with "in" or "ev".
+        return f"{self.namespace}:{tag}:[ie][nv]*:{run}"
+
+    def parse_invocation_key(self, key: bytes | str) -> InvocationKey | None:
+        """Read the kind and ids of a record or stream key of this namespace and layout.
+
+        Returns None for any other key. A key that looks like one but whose ids are not
+        acceptable, or that is not in the run's shard, comes back with ``placed`` False.
+        """
+        raw = key if isinstance(key, bytes) else key.encode("utf-8", "surrogatepass")
+        match = _invocation_key_re(self.namespace).fullmatch(raw.decode("utf-8", "replace"))
         if match is None:
             return None
-        run_id, tool_call_id, stream = match.groups()
-        if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
-            return None
-        return ("stream" if stream else "record", run_id, tool_call_id)
+        kind_name, run_id, rest = match.groups()
+        kind: Literal["record", "stream"] = "record" if kind_name == "inv" else "stream"
+        tool_call_id = rest
+        if self.layout == LEGACY_LAYOUT:
+            if kind == "stream":
+                return None  # no "ev:" kind in this layout
+            if rest.endswith(":ev"):
+                kind, tool_call_id = "stream", rest[: -len(":ev")]
+        placed = is_run_id(run_id) and self.accepts_tool_call_id(tool_call_id)
+        if placed:
+            built = (self.record if kind == "record" else self.stream)(run_id, tool_call_id)
+            placed = built.encode() == raw
+        return InvocationKey(kind=kind, run_id=run_id, tool_call_id=tool_call_id, placed=placed)
 
     def record_ids(self, key: str | bytes) -> tuple[str, str] | None:
         """Return ``(run_id, tool_call_id)`` of a record key exactly as :meth:`record` builds it.
@@ -229,12 +323,22 @@ class Keys:
         None for anything else: a stream, a key of another kind or namespace, or a record
         key in a shard other than its run's.
         """
-        parts = self.parse_invocation_key(key)
-        if parts is None or parts[0] != "record":
+        parsed = self.parse_invocation_key(key)
+        if parsed is None or parsed.kind != "record" or not parsed.placed:
             return None
-        _, run_id, tool_call_id = parts
-        text = key.decode() if isinstance(key, bytes) else key
-        return (run_id, tool_call_id) if self.record(run_id, tool_call_id) == text else None
+        return parsed.run_id, parsed.tool_call_id
+
+    def _tool_call_id(self, value: str) -> str:
+        """Return ``value`` if this layout accepts it as a tool call id (error names no text)."""
+        if not self.accepts_tool_call_id(value):
+            raise InvalidArgument("tool call id is not a safe id")
+        return value
+
+
+@lru_cache(maxsize=64)
+def _invocation_key_re(namespace: str) -> re.Pattern[str]:
+    # The run id ends at the first ":" after the kind; the tool call id is all the rest.
+    return re.compile(rf"{re.escape(namespace)}:\{{s\d+\}}:(inv|ev):([^:]*):(.*)", re.DOTALL)
 
 
 # One formatter per key kind, shared by the checked methods above and by
@@ -251,8 +355,12 @@ def _record(tag: str, run_id: str, tool_call_id: str) -> str:
     return f"{tag}:inv:{run_id}:{tool_call_id}"
 
 
-def _stream(record: str) -> str:
-    return f"{record}:ev"
+def _stream(layout: int, tag: str, run_id: str, tool_call_id: str) -> str:
+    if layout == LEGACY_LAYOUT:
+        return f"{_record(tag, run_id, tool_call_id)}:ev"
+    # A prefix variant of the record key: the tool call id stays last, so no id (not even
+    # one ending in ":ev") can make a record key equal another call's stream key.
+    return f"{tag}:ev:{run_id}:{tool_call_id}"
 
 
 def _progress(tag: str, run_id: str) -> str:
@@ -263,18 +371,12 @@ def _feed(tag: str) -> str:
     return f"{tag}:feed"
 
 
-@lru_cache(maxsize=64)
-def _invocation_key_re(namespace: str) -> re.Pattern[str]:
-    """Record and stream keys of ``namespace``: the inverse of ``_record`` and ``_stream``."""
-    return re.compile(rf"{re.escape(namespace)}:\{{s\d+\}}:inv:([^:]+):([^:]+)(:ev)?")
-
-
 def _build_invocation_keys(keys: Keys, run_id: str, tool_call_id: str) -> InvocationKeys:
     tag = keys.tag_of(run_id)
-    record = _record(tag, run_id, _safe(tool_call_id, "tool call id"))
+    call = keys._tool_call_id(tool_call_id)
     return InvocationKeys(
-        record=record,
-        stream=_stream(record),
+        record=_record(tag, run_id, call),
+        stream=_stream(keys.layout, tag, run_id, call),
         feed=_feed(tag),
         run=_run(tag, run_id),
         control=_control(tag),

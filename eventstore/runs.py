@@ -18,7 +18,7 @@ from redis.asyncio import Redis
 from eventstore.errors import InvalidArgument, RunExists, redis_errors
 from eventstore.keys import Keys
 from eventstore.scripts import Scripts
-from machine.ids import is_safe_id, is_tool_name
+from machine.ids import is_run_id, is_tool_name
 
 _TOKEN_PREFIX: Final = "cr1"  # noqa: S105 (a format marker, not a secret)
 
@@ -60,7 +60,7 @@ def run_id_of_token(token: str) -> str | None:
     """Return the run id a token names, or None when the token is not of our form."""
     prefix, _, rest = token.partition(":")
     run_id, _, secret = rest.partition(":")
-    if prefix != _TOKEN_PREFIX or not secret or not is_safe_id(run_id):
+    if prefix != _TOKEN_PREFIX or not secret or not is_run_id(run_id):
         return None
     return run_id
 
@@ -99,7 +99,7 @@ class RunRegistry:
             RunExists: the run id is already registered.
 
         """
-        if not is_safe_id(run_id):
+        if not is_run_id(run_id):
             raise InvalidArgument("run id is not a safe id")
         grants = dict(tools or {})
         for name, tool_budget in grants.items():
@@ -129,7 +129,7 @@ class RunRegistry:
         )
 
     async def _update(self, run_id: str, *pairs: str | int) -> bool:
-        if not is_safe_id(run_id):
+        if not is_run_id(run_id):
             return False
         async with redis_errors():
             updated = await self._scripts.update_run(keys=[self._keys.run(run_id)], args=pairs)
@@ -149,7 +149,7 @@ class RunRegistry:
 
     async def info(self, run_id: str) -> RunInfo | None:
         """Return the run's registry entry, or None when unknown or expired."""
-        if not is_safe_id(run_id):
+        if not is_run_id(run_id):
             return None
         async with redis_errors():
             raw = cast(dict[bytes, bytes], await self._client.hgetall(self._keys.run(run_id)))

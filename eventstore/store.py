@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Self, Unpack
+from typing import Self, Unpack, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -30,7 +30,7 @@ from eventstore.cluster import (
 )
 from eventstore.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.errors import InvalidArgument, NamespaceMismatch, WrongEventLoop, redis_errors
-from eventstore.keys import Keys
+from eventstore.keys import LAYOUT, LAYOUTS, LEGACY_LAYOUT, Keys
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
 from eventstore.replication import ReplicaAcknowledgedCalls, validate_replicas
 from eventstore.runs import OpenedRun, RunInfo, RunRegistry
@@ -43,9 +43,22 @@ from eventstore.settings import (
     milliseconds,
 )
 from eventstore.writer import Writer, now_ms
-from machine.ids import is_safe_id
+from machine.ids import is_run_id
 
 __all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
+
+
+def namespace_keys(keys: Keys, layout: bytes | None) -> Keys:
+    """Return ``keys`` in the layout a namespace's metadata names (None: the legacy one).
+
+    Raises:
+        NamespaceMismatch: the metadata names a layout this version does not know.
+
+    """
+    number = LEGACY_LAYOUT if layout is None else int(layout) if layout.isdigit() else 0
+    if number not in LAYOUTS:
+        raise NamespaceMismatch("namespace uses a key layout this version does not know")
+    return keys if number == keys.layout else Keys(keys.namespace, keys.shards, number)
 
 
 class Store:
@@ -108,7 +121,6 @@ class Store:
         self.settings = settings
         self.cluster = cluster_of(client)
         self.client = store_client(client)
-        self.keys = Keys(settings.namespace, settings.shards)
         self._scripts = Scripts(self.client)
         self._batcher = (
             ReplicaAcknowledgedCalls(
@@ -117,17 +129,26 @@ class Store:
             if settings.replicas
             else ScriptBatcher(self.client)
         )
+        self.use_keys(Keys(settings.namespace, settings.shards))
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    def use_keys(self, keys: Keys) -> None:
+        """Read and write through ``keys`` from now on (another layout of the namespace).
+
+        :meth:`check_namespace` calls it with the layout the namespace records; the
+        read-only audit tools do the same.
+        """
+        self.keys = keys
         self.writer = Writer(
             self.client,
-            self.keys,
+            keys,
             self._scripts,
-            ttl_ms=settings.ttl_ms,
-            feed_retention_ms=settings.feed_retention_ms,
+            ttl_ms=self.settings.ttl_ms,
+            feed_retention_ms=self.settings.feed_retention_ms,
             batcher=self._batcher,
         )
-        self._reader = Reader(self.client, self.keys)
-        self.runs = RunRegistry(self.client, self.keys, self._scripts, ttl_ms=settings.ttl_ms)
-        self._loop: asyncio.AbstractEventLoop | None = None
+        self._reader = Reader(self.client, keys)
+        self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)
 
     @classmethod
     def from_url(
@@ -233,21 +254,37 @@ class Store:
         await self.client.aclose()
 
     async def check_namespace(self) -> None:
-        """Record this namespace's shard count, or refuse a store built with another one.
+        """Record a new namespace's shard count and key layout, or adopt an existing one's.
+
+        A namespace created here records :data:`~eventstore.keys.LAYOUT`; one whose
+        metadata names no layout was created before layouts were recorded and is read and
+        written in :data:`~eventstore.keys.LEGACY_LAYOUT` (:meth:`use_keys`).
 
         Raises:
-            NamespaceMismatch: the namespace already exists with a different shard count.
+            NamespaceMismatch: the namespace already exists with a different shard count,
+                or with a key layout this version does not know.
 
         """
         self.check_loop()
         meta = self.keys.meta()
         async with redis_errors():
-            await self.client.hsetnx(meta, "shards", self.keys.shards)
-            stored = await self.client.hget(meta, "shards")
-        if stored is not None and int(stored) != self.keys.shards:
+            reply = await self.client.hmget(meta, ["shards", "layout"])
+            if reply[0] is None:
+                # The layout goes in before the shard count: whoever sees the shard count
+                # of a namespace this version created also sees its layout.
+                async with self.client.pipeline(transaction=False) as pipe:
+                    pipe.hsetnx(meta, "layout", LAYOUT)
+                    pipe.hsetnx(meta, "shards", self.keys.shards)
+                    pipe.hmget(meta, ["shards", "layout"])
+                    reply = (await pipe.execute())[-1]
+        stored, layout = cast(tuple[bytes, bytes | None], reply)
+        if int(stored) != self.keys.shards:
             raise NamespaceMismatch(
                 f"namespace has {int(stored)} shards; this store was built with {self.keys.shards}"
             )
+        keys = namespace_keys(self.keys, layout)
+        if keys != self.keys:
+            self.use_keys(keys)
 
     async def check_durability(self, mode: DurabilityMode | None = None) -> DurabilityReport | None:
         """Judge the server's persistence, eviction policy and replicas (default: own mode).
@@ -318,13 +355,13 @@ class Store:
         Read-only: never changes the record's expiry.
         """
         self.check_loop()
-        if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
+        if not (is_run_id(run_id) and self.keys.accepts_tool_call_id(tool_call_id)):
             return None
         return await self._reader.get(run_id, tool_call_id)
 
     async def events(self, run_id: str, tool_call_id: str) -> list[StoredEvent]:
         """Return the invocation's stored events in order (read-only)."""
         self.check_loop()
-        if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
+        if not (is_run_id(run_id) and self.keys.accepts_tool_call_id(tool_call_id)):
             return []
         return await self._reader.events(run_id, tool_call_id)

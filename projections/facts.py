@@ -15,9 +15,10 @@ import msgspec
 
 from eventstore.contracts import RunContext
 from eventstore.errors import redis_errors
+from eventstore.keys import split_identity
 from eventstore.store import Store
 from machine.codes import EvidenceStatus, Status
-from machine.ids import invocation_id, is_safe_id
+from machine.ids import invocation_id, is_run_id, is_tool_call_id
 
 #: Record fields a fact is built from; payload fields are never read.
 _FIELDS: Final = (
@@ -67,8 +68,8 @@ def fact_from_fields(
     READY (PROJECTING, ERROR) or whose evidence is not a READY evidence status never
     become facts.
     """
-    owner, _, tool_call_id = identity.partition(":")
-    if owner != run_id or not is_safe_id(tool_call_id):
+    owner, tool_call_id = split_identity(identity)
+    if owner != run_id or not is_tool_call_id(tool_call_id):
         return None
     fields = dict(zip(_FIELDS, values, strict=True))
     if any(value is None for name, value in fields.items() if name != "scope"):
@@ -113,21 +114,19 @@ async def _read_page(
             await store.client.lrange(keys.progress(run_id), start, start + count - 1),
         )
         identities = [raw.decode("utf-8", "replace") for raw in page]
-        own = [i for i in identities if i.partition(":")[0] == run_id]
+        # Only identities of this run whose call id the layout can hold are read.
+        readable = [
+            (owner == run_id and keys.accepts_tool_call_id(call), call)
+            for owner, call in map(split_identity, identities)
+        ]
         async with store.client.pipeline(transaction=False) as pipe:
-            for identity in own:
-                call_id = identity.partition(":")[2]
-                if is_safe_id(call_id):
+            for ok, call_id in readable:
+                if ok:
                     pipe.hmget(keys.record(run_id, call_id), list(_FIELDS))
             rows = iter(cast(list[list[bytes | None]], await pipe.execute()))
     return [
-        (
-            identity,
-            next(rows)
-            if identity.partition(":")[0] == run_id and is_safe_id(identity.partition(":")[2])
-            else None,
-        )
-        for identity in identities
+        (identity, next(rows) if ok else None)
+        for identity, (ok, _) in zip(identities, readable, strict=True)
     ]
 
 
@@ -157,7 +156,7 @@ async def extend_facts(store: Store, run_id: str, scan: FactScan | None = None) 
     """
     limits = store.settings.limits
     scan = FactScan() if scan is None else msgspec.structs.replace(scan, facts=list(scan.facts))
-    if scan.full or not is_safe_id(run_id):
+    if scan.full or not is_run_id(run_id):
         return scan
     page_size = max(16, limits.fact_count)
     while True:

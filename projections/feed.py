@@ -18,7 +18,7 @@ import msgspec
 from eventstore.errors import CanonError
 from machine.codes import Status
 from machine.compact import STATUS_CODES, TYPE_CODES
-from machine.ids import is_safe_id
+from machine.ids import is_run_id, is_tool_call_id
 
 #: Event type of each ``t`` value a writer produces: its code, or (older entries) its name.
 _EVENT_TYPE_OF: Final[dict[bytes, str]] = {
@@ -87,7 +87,7 @@ class FeedEntry(msgspec.Struct, frozen=True, kw_only=True):
             )
         except (KeyError, ValueError, UnicodeDecodeError):
             raise MalformedEntry("feed entry has missing or invalid fields") from None
-        if not (is_safe_id(entry.run_id) and is_safe_id(entry.tool_call_id)):
+        if not (is_run_id(entry.run_id) and is_tool_call_id(entry.tool_call_id)):
             raise MalformedEntry("feed entry names an unsafe id")
         if entry.version < 1:
             raise MalformedEntry("feed entry has an invalid version")

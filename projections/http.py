@@ -49,7 +49,7 @@ CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
 # Any one segment, so a malformed id is told apart (400) from a path of another shape
 # (404); the segment is checked with is_invocation_id before any lookup.
 _RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([^/]*)/receipt")
-_PROGRESS_PATH: Final = re.compile(r"/v1/runs/([A-Za-z0-9][A-Za-z0-9._\-]{0,127})/progress")
+_PROGRESS_PATH: Final = re.compile(r"/v1/runs/([A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127})/progress")
 PROGRESS_SCHEMA: Final = "canon.run-progress.v1"
 _MAX_TOKEN_CHARS: Final = 512
 _CAPABILITIES: Final = msgspec.json.encode(

@@ -17,7 +17,7 @@ from eventstore.errors import CanonError, redis_errors
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
-from machine.ids import is_invocation_id, is_safe_id
+from machine.ids import is_invocation_id, is_run_id
 from projections.generations import current_generation
 from projections.journal import JournalState
 from projections.receipt_projection import RECEIPT_PROJECTION
@@ -78,10 +78,10 @@ async def inspect_invocation(
         StoreUnavailable: Redis failed or timed out.
 
     """
-    if not (is_safe_id(run_id) and is_invocation_id(invocation_id)):
+    if not (is_run_id(run_id) and is_invocation_id(invocation_id)):
         raise InvocationNotFound()
     tool_call_id = await store.runs.tool_call_id_of(run_id, invocation_id)
-    if tool_call_id is None or not is_safe_id(tool_call_id):
+    if tool_call_id is None or not store.keys.accepts_tool_call_id(tool_call_id):
         raise InvocationNotFound()
     receipt = await _materialized(store, run_id, invocation_id, tool_call_id)
     if receipt is None:

@@ -20,12 +20,15 @@ from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit_tools import export_run
 from eventstore.store import Store
-from machine.ids import is_safe_id
+from machine.ids import is_run_id
 
 
 def _handle(args: argparse.Namespace) -> int:
-    if not is_safe_id(args.run_id):
-        fail("RUN_ID must be a safe id (letters, digits, '.', '_', '-')")
+    if not is_run_id(args.run_id):
+        fail(
+            "RUN_ID must be a safe id: 1-128 letters, digits, '.', '_' or '-', "
+            "not starting with '.'"
+        )
         return RET_USAGE
     output: pathlib.Path | None = args.output
 

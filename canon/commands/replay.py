@@ -8,6 +8,7 @@ from typing import Any
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from canon.commands.readonly import fail, run_read_only, stdout_console
@@ -16,7 +17,7 @@ from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit_tools import InvocationReplay, replay_invocation, replay_run
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
-from machine.ids import is_safe_id
+from machine.ids import is_run_id, is_tool_call_id
 from projections.receipts import iso_ms
 
 
@@ -83,7 +84,8 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
     """Print one invocation's replay for a human."""
     state = replay.record or replay.folded
     console.rule(f"invocation {replay.invocation_id}")
-    line = f"run {replay.run_id} · call {replay.tool_call_id}"
+    # A tool call id may hold "[", which rich would read as markup.
+    line = f"run {replay.run_id} · call {escape(replay.tool_call_id)}"
     if state is not None:
         line += f" · tool {state.tool} · status {state.status.value}"
         line += f" · evidence {state.evidence_status.value}"
@@ -122,8 +124,17 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    if not is_safe_id(args.run_id) or (args.tool_call_id and not is_safe_id(args.tool_call_id)):
-        fail("RUN_ID and TOOL_CALL_ID must be safe ids (letters, digits, '.', '_', '-')")
+    if not is_run_id(args.run_id):
+        fail(
+            "RUN_ID must be a safe id: 1-128 letters, digits, '.', '_' or '-', "
+            "not starting with '.'"
+        )
+        return RET_USAGE
+    if args.tool_call_id and not is_tool_call_id(args.tool_call_id):
+        fail(
+            "TOOL_CALL_ID must be a safe id: 1-512 UTF-8 bytes without whitespace "
+            "or control characters"
+        )
         return RET_USAGE
 
     async def work(store: Store) -> int:

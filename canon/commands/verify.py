@@ -14,6 +14,7 @@ from contextlib import ExitStack
 
 import msgspec
 from rich.console import Console
+from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
@@ -66,7 +67,7 @@ def _handle(args: argparse.Namespace) -> int:
         else:
             console.print(
                 f"PROBLEM {problem.invocation_id or '-'} "
-                f"run={problem.run_id or '-'} call={problem.tool_call_id or '-'} "
+                f"run={escape(problem.run_id) or '-'} call={escape(problem.tool_call_id) or '-'} "
                 f"reason={problem.reason}"
             )
 

@@ -23,7 +23,7 @@ from eventstore.reader import StoredEvent
 from eventstore.store import Store
 from machine.events import stored_document
 from machine.fold import InvocationState
-from machine.ids import invocation_id, is_safe_id
+from machine.ids import invocation_id, is_run_id
 
 #: Format marker of the export header line.
 EXPORT_FORMAT: Final = "canon.export.v1"
@@ -97,11 +97,11 @@ async def export_run(
     """Yield the export lines of one run (see the module docstring for their order).
 
     Raises:
-        ValueError: the run id is not a safe id.
+        ValueError: the run id is not a run id (:func:`machine.ids.is_run_id`).
         StoreUnavailable: Redis failed or timed out.
 
     """
-    if not is_safe_id(run_id):
+    if not is_run_id(run_id):
         raise ValueError("run id must be a safe id")
     yield {
         "kind": "export",

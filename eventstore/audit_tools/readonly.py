@@ -1,7 +1,8 @@
 """Opening a store for audit without writing a byte, and reading one invocation consistently.
 
 ``Store.__aenter__`` records the namespace's shard count (a write), so the audit tools open
-the store here instead: the shard count is read from the namespace metadata, and every
+the store here instead: the shard count and the key layout are read from the namespace
+metadata (no layout there: the legacy layout, see :mod:`eventstore.keys`), and every
 command issued by this package is a read (HGETALL, HGET, XRANGE, PTTL, SCAN, LRANGE,
 XLEN, XINFO, INFO, CONFIG GET). No read here can set, extend or refresh an expiry.
 """
@@ -19,7 +20,7 @@ from redis.asyncio.client import Pipeline
 from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.keys import DEFAULT_SHARDS, Keys
 from eventstore.reader import StoredEvent, stored_events
-from eventstore.store import Store
+from eventstore.store import Store, namespace_keys
 
 
 @asynccontextmanager
@@ -29,12 +30,13 @@ async def open_read_only(
     """Yield a store on ``url`` that is only read; its shard count comes from the namespace.
 
     ``shards`` is used only when the namespace metadata cannot be read (nothing written
-    yet, or ``url`` is one primary of a cluster that does not hold it). With ``cluster``,
-    ``url`` names any node of a Redis Cluster.
+    yet, or ``url`` is one primary of a cluster that does not hold it); the key layout is
+    then the current one. With ``cluster``, ``url`` names any node of a Redis Cluster.
 
     Raises:
         InvalidArgument: the namespace or shard count is not acceptable, or the URL is
             invalid (the message never repeats the URL).
+        NamespaceMismatch: the namespace records a key layout this version does not know.
         StoreUnavailable: Redis cannot be reached.
 
     """
@@ -49,14 +51,19 @@ async def open_read_only(
     try:
         async with redis_errors():
             try:
-                stored = cast(bytes | None, await store.client.hget(store.keys.meta(), "shards"))
+                stored, layout = cast(
+                    list[bytes | None],
+                    await store.client.hmget(store.keys.meta(), ["shards", "layout"]),
+                )
             except redis.exceptions.MovedError:
                 # One primary of a cluster, addressed directly: the metadata lives elsewhere,
                 # so the caller's shard count stands.
-                stored = None
+                stored = layout = None
         if stored is not None and int(stored) != shards:
             await store.aclose()
             store = Store.from_url(url, namespace=namespace, shards=int(stored), cluster=cluster)
+        if stored is not None:
+            store.use_keys(namespace_keys(store.keys, layout))
         yield store
     finally:
         await store.aclose()

@@ -25,9 +25,10 @@ from eventstore.audit_tools.checks import (
 from eventstore.audit_tools.readonly import Snapshot, read_snapshot
 from eventstore.audit_tools.timeline import TimelineStep, replay_timeline
 from eventstore.errors import redis_errors
+from eventstore.keys import split_identity
 from eventstore.store import Store
 from machine.fold import InvocationState, state_from_record
-from machine.ids import invocation_id, is_safe_id
+from machine.ids import invocation_id, is_run_id, is_tool_call_id
 
 
 class Verdict(msgspec.Struct, frozen=True, kw_only=True):
@@ -126,11 +127,11 @@ async def run_tool_call_ids(store: Store, run_id: str) -> list[str]:
     for name, value in cast(dict[bytes, bytes], run_fields).items():
         if name.startswith(b"inv:"):
             found[value.decode()] = None
-    prefix = f"{run_id}:".encode()
     for entry in cast(list[bytes], progress):
-        if entry.startswith(prefix):
-            found[entry[len(prefix) :].decode()] = None
-    return [call for call in found if is_safe_id(call)]
+        owner, call = split_identity(entry.decode("utf-8", "replace"))
+        if owner == run_id:
+            found[call] = None
+    return [call for call in found if keys.accepts_tool_call_id(call)]
 
 
 async def replay_invocation(
@@ -138,13 +139,18 @@ async def replay_invocation(
 ) -> InvocationReplay | None:
     """Replay one invocation; None when neither its record nor its stream exists.
 
+    Also None for a tool call id the namespace's key layout cannot hold (one with ``:`` in
+    a namespace of the legacy layout): no such invocation can exist there.
+
     Raises:
-        ValueError: an id is not a safe id.
+        ValueError: the run id is not a run id or the tool call id not a tool call id.
         StoreUnavailable: Redis failed or timed out.
 
     """
-    if not (is_safe_id(run_id) and is_safe_id(tool_call_id)):
+    if not (is_run_id(run_id) and is_tool_call_id(tool_call_id)):
         raise ValueError("run id and tool call id must be safe ids")
+    if not store.keys.accepts_tool_call_id(tool_call_id):
+        return None
     snapshot = await read_snapshot(store, run_id, tool_call_id)
     return judge(snapshot) if snapshot.exists else None
 
@@ -153,11 +159,11 @@ async def replay_run(store: Store, run_id: str) -> list[InvocationReplay]:
     """Replay every invocation the run knows of that still exists, oldest first.
 
     Raises:
-        ValueError: the run id is not a safe id.
+        ValueError: the run id is not a run id.
         StoreUnavailable: Redis failed or timed out.
 
     """
-    if not is_safe_id(run_id):
+    if not is_run_id(run_id):
         raise ValueError("run id must be a safe id")
     replays = []
     for tool_call_id in await run_tool_call_ids(store, run_id):

@@ -75,7 +75,13 @@ async def _records_by_status(store: Store) -> Counter[str]:
         cursor, found = await store.client.scan(
             cursor, match=store.keys.scan_pattern("inv"), count=SCAN_BATCH
         )
-        records = [key for key in cast(list[bytes], found) if not key.endswith(b":ev")]
+        # In the legacy layout the pattern also matches streams; keys.py tells them apart.
+        records = [
+            key
+            for key in cast(list[bytes], found)
+            if (parsed := store.keys.parse_invocation_key(key)) is not None
+            and parsed.kind == "record"
+        ]
         if records:
             async with store.client.pipeline(transaction=False) as pipe:
                 for key in records:

@@ -12,7 +12,6 @@ a key that exists for the whole scan. On a Redis Cluster, run it against each pr
 
 from __future__ import annotations
 
-import re
 from collections import Counter
 from collections.abc import Callable
 from typing import Any, Final, cast
@@ -23,7 +22,7 @@ from eventstore.audit_tools.checks import problems_of
 from eventstore.audit_tools.readonly import Snapshot, queue_snapshot, read_snapshot, snapshot_of
 from eventstore.errors import redis_errors
 from eventstore.store import Store
-from machine.ids import invocation_id, is_safe_id
+from machine.ids import invocation_id
 
 DEFAULT_BATCH: Final = 100
 #: Status under which invocations without a record (stream only) are counted.
@@ -75,8 +74,6 @@ class NamespaceVerifier:
         self._batch = batch
         self._on_problem = on_problem
         self._on_batch = on_batch
-        ns = re.escape(store.keys.namespace)
-        self._key_re = re.compile(rf"{ns}:\{{s\d+\}}:inv:([^:]+):([^:]+)(:ev)?")
         self.cursor = cursor
         self.keys_scanned = 0
         self.invocations = 0
@@ -108,7 +105,7 @@ class NamespaceVerifier:
 
         """
         store = self._store
-        pattern = store.keys.scan_pattern("inv")
+        pattern = store.keys.invocation_scan_pattern()
         started = self.keys_scanned
         while True:
             async with redis_errors():
@@ -129,20 +126,16 @@ class NamespaceVerifier:
         keys = self._store.keys
         wanted: dict[tuple[str, str], bool] = {}  # (run, call) -> a record key was scanned
         for raw_key in found:
-            key = raw_key.decode("utf-8", "replace")
-            match = self._key_re.fullmatch(key)
-            if match is None:
+            # Only keys.py knows the layout: which key is a record, which a stream.
+            parsed = keys.parse_invocation_key(raw_key)
+            if parsed is None:
                 self._report("", "", "unrecognized_key")
                 continue
-            run_id, tool_call_id, stream_suffix = match.groups()
-            ids = (run_id, tool_call_id)
-            # Safety first: Keys refuses to build a key from an unsafe id.
-            if not (is_safe_id(run_id) and is_safe_id(tool_call_id)) or key != (
-                keys.stream(*ids) if stream_suffix else keys.record(*ids)
-            ):
-                self._report(run_id, tool_call_id, "misplaced_key")
+            ids = (parsed.run_id, parsed.tool_call_id)
+            if not parsed.placed:
+                self._report(*ids, "misplaced_key")
                 continue
-            wanted[ids] = wanted.get(ids, False) or not stream_suffix
+            wanted[ids] = wanted.get(ids, False) or parsed.kind == "record"
         if not wanted:
             return
         async with redis_errors(), self._store.client.pipeline(transaction=False) as pipe:

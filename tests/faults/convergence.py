@@ -25,9 +25,14 @@ async def scan(store: Store, kind: str) -> list[bytes]:
     return [key async for key in store.client.scan_iter(match=pattern, count=1000)]
 
 
+def _kind(store: Store, key: bytes) -> str | None:
+    parsed = store.keys.parse_invocation_key(key)
+    return parsed.kind if parsed is not None else None
+
+
 async def records(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
     """(run id, tool call id) → status, version and invocation id of every live record."""
-    keys = [key for key in await scan(store, "inv") if not key.endswith(b":ev")]
+    keys = [key for key in await scan(store, "inv") if _kind(store, key) == "record"]
     found: dict[tuple[str, str], dict[str, Any]] = {}
     for start in range(0, len(keys), 500):
         batch = keys[start : start + 500]
@@ -38,8 +43,9 @@ async def records(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
         for key, (status, version, invocation) in zip(batch, replies, strict=True):
             if status is None:
                 continue  # expired between SCAN and HMGET
-            _, _, _, run_id, tool_call_id = key.decode().split(":")
-            found[(run_id, tool_call_id)] = {
+            parsed = store.keys.parse_invocation_key(key)
+            assert parsed is not None
+            found[(parsed.run_id, parsed.tool_call_id)] = {
                 "status": status.decode(),
                 "version": int(version),
                 "invocation_id": invocation.decode(),
@@ -49,7 +55,9 @@ async def records(store: Store) -> dict[tuple[str, str], dict[str, Any]]:
 
 async def terminal_events(store: Store) -> Counter[str]:
     """Terminal events (Completed, Failed) found in the live invocation streams."""
-    keys = [key for key in await scan(store, "inv") if key.endswith(b":ev")]
+    pattern = store.keys.invocation_scan_pattern()
+    found = [key async for key in store.client.scan_iter(match=pattern, count=1000)]
+    keys = [key for key in found if _kind(store, key) == "stream"]
     kinds: Counter[str] = Counter()
     for start in range(0, len(keys), 500):
         async with store.client.pipeline(transaction=False) as pipe:

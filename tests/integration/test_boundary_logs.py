@@ -199,7 +199,7 @@ async def test_preflight_errors_log_safely(opened: tuple[Store, str], namespace:
     tool = FakeTool(raw=RAW, project=projection())
     boundary = ToolBoundary(store, {TOOL: tool.spec(), "locked": tool.spec(authorized=False)})
     calls = {
-        ErrorCode.INVALID_TOOL_CALL_ID: secret_call(f"bad:{REQUEST}"),
+        ErrorCode.INVALID_TOOL_CALL_ID: secret_call(f"bad {REQUEST}"),
         ErrorCode.RUN_MISMATCH: secret_call("c1", run_id=f"run-{REQUEST}"),
         ErrorCode.INVALID_INPUT: secret_call("c2", arguments=[REQUEST, float("nan")]),
         ErrorCode.REQUEST_TOO_LARGE: secret_call("c3", arguments={"q": REQUEST * 10_000}),

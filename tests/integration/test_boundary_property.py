@@ -26,7 +26,7 @@ from eventstore import (
     ToolSpec,
 )
 from machine.codes import PREFLIGHT_CODES, EvidenceStatus, Status
-from machine.ids import is_safe_id
+from machine.ids import is_tool_call_id
 from machine.results import encode_raw
 from tests.conftest import RedisServer
 from tests.support.tools import namespace_keys
@@ -60,11 +60,16 @@ json_values = st.recursive(
 )
 json_objects = st.dictionaries(st.text(max_size=8), json_values, max_size=5)
 
-safe_ids = st.from_regex(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,30}", fullmatch=True)
+safe_ids = st.one_of(
+    st.from_regex(r"[A-Za-z0-9_\-][A-Za-z0-9._:{}*?\[\]\-]{0,30}", fullmatch=True),
+    st.text(
+        st.characters(exclude_categories=("Cc", "Cs", "Zs", "Zl", "Zp")), min_size=1, max_size=20
+    ).filter(is_tool_call_id),
+)
 unsafe_ids = st.one_of(
     st.text(max_size=12),
-    st.just("x" * 129),
-    st.sampled_from(["", " ", "a:b", "{s01}", "a\nb", "a\x00b", "ä", "a}"]),
+    st.just("x" * 513),
+    st.sampled_from(["", " ", "a b", "a\tb", "a\nb", "a\x00b", "a\x85", "a\u3000", "a\ud800"]),
     st.none(),
 )
 any_ids = mostly(safe_ids, unsafe_ids)
@@ -230,7 +235,7 @@ async def test_boundary_outcomes_are_always_consistent(
 
         reply = await boundary.invoke(RunContext(RUN), envelope)
 
-        record = await store.get(RUN, call_id) if is_safe_id(call_id) else None
+        record = await store.get(RUN, call_id) if is_tool_call_id(call_id) else None
         keys_after = await namespace_keys(store.client, namespace)
     finally:
         await store.aclose()

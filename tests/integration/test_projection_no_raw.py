@@ -109,6 +109,10 @@ async def test_neither_tracker_nor_facts_hold_a_raw_response_or_an_agent_result(
             hashlib.sha256(stored).hexdigest(),
             len(stored),
         )
-    records = [k for k in await namespace_keys(redis, namespace) if k.endswith(b"-EVIDENCE_FOUND")]
+    records = [
+        k
+        for k in await namespace_keys(redis, namespace)
+        if k.endswith(b"-EVIDENCE_FOUND") and b":inv:" in k
+    ]
     [record] = records
     assert result_marker.encode() in b"\x00".join(await key_values(redis, record))

@@ -23,6 +23,7 @@ READ_COMMANDS: Final = frozenset(
         "scan",
         "hgetall",
         "hget",
+        "hmget",
         "xrange",
         "xlen",
         "xinfo",

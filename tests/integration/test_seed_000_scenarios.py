@@ -205,7 +205,8 @@ async def test_framework_id_is_preserved(store: Store, redis: Redis, namespace: 
     await boundary.invoke(RunContext(RUN), envelope(call_id))
 
     keys = await record_keys(redis, namespace)
-    assert keys and all(f":inv:{RUN}:{call_id}".encode() in key for key in keys)
+    tag = store.keys.tag_of(RUN)
+    assert sorted(keys) == [f"{tag}:{kind}:{RUN}:{call_id}".encode() for kind in ("ev", "inv")]
     record = await store.get(RUN, call_id)
     assert record is not None and record.state.tool_call_id == call_id
     assert record.invocation_id == invocation_id(RUN, call_id)

@@ -191,11 +191,12 @@ async def test_replay_reports_each_tamper_with_its_reason(
 async def test_verify_reports_keys_outside_the_layout(
     store: Store, redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """A record under another shard's tag, or an unparsable ``inv`` key, is reported."""
+    """A record under another shard's tag, or an ``inv`` key without a call id part, is
+    reported."""
     await populate(store)
     wrong = (shard_of(RUN, store.keys.shards) + 1) % store.keys.shards
     await redis.hset(f"{store.keys.tag(wrong)}:inv:{RUN}:call-moved", "status", "READY")
-    await redis.hset(f"{store.keys.tag(0)}:inv:a:b:c:d", "status", "READY")
+    await redis.hset(f"{store.keys.tag(0)}:inv:no-call-part", "status", "READY")
     code, problems, _ = await verify_json(capsys, redis_url, namespace)
     assert code == 1
     assert {(p["tool_call_id"], p["reason"]) for p in problems} == {

@@ -235,8 +235,9 @@ async def test_reader_runs_the_audit_tools_and_serves_receipts(
 
 
 async def test_reader_cannot_write(server: EmbeddedRedis, admin: Redis) -> None:
-    """Every write command fails with NOPERM for the reader, and entering a store (which
-    records the namespace metadata) is refused as the store being unavailable."""
+    """Every write command fails with NOPERM for the reader; entering a store on an
+    existing namespace only reads its metadata, and entering one that would have to record
+    the metadata (a new namespace) is refused as the store being unavailable."""
     _, _, writer = await write_calls(server)
     await writer.aclose()
     reader = Store.from_url(url_of(server, "canon-reader"), shards=4)
@@ -244,9 +245,13 @@ async def test_reader_cannot_write(server: EmbeddedRedis, admin: Redis) -> None:
         await assert_refused(reader.client, [*WRITES, *NEVER_ALLOWED])
     finally:
         await reader.aclose()
+    async with Store.from_url(url_of(server, "canon-reader"), shards=4) as entered:
+        assert entered.keys.shards == 4
+    await admin.delete("canon:meta")
     with pytest.raises(StoreUnavailable):
         async with Store.from_url(url_of(server, "canon-reader"), shards=4):
             pass
+    assert await admin.exists("canon:meta") == 0
 
 
 async def test_redis7_key_permissions_confine_each_role(

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary, ToolEnvelope, ToolError, ToolResult
 from machine.codes import SAFE_MESSAGES, ErrorCode
-from machine.ids import is_invocation_id, is_safe_id
+from machine.ids import is_invocation_id, is_tool_call_id
 from tests.support.tools import FakeTool, namespace_keys
 
 #: The run most boundary tests use.
@@ -58,7 +58,7 @@ def assert_safe_error(reply: ToolResult | ToolError, code: ErrorCode) -> None:
         "invocation_id": reply.invocation_id,
     }
     # Only a safe id is echoed, and only a record's own id is named.
-    assert reply.tool_call_id is None or is_safe_id(reply.tool_call_id)
+    assert reply.tool_call_id is None or is_tool_call_id(reply.tool_call_id)
     assert reply.invocation_id is None or is_invocation_id(reply.invocation_id)
 
 

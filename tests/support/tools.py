@@ -57,5 +57,7 @@ async def namespace_keys(redis: Redis, namespace: str) -> list[bytes]:
 
 
 async def record_keys(redis: Redis, namespace: str) -> list[bytes]:
-    """Keys of canonical records and event streams of a namespace."""
-    return [key for key in await namespace_keys(redis, namespace) if b":inv:" in key]
+    """Keys of canonical records and event streams of a namespace (both layouts)."""
+    return [
+        key for key in await namespace_keys(redis, namespace) if b":inv:" in key or b":ev:" in key
+    ]
