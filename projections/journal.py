@@ -1,7 +1,7 @@
 """The journal state of one invocation: what its event stream proves about its record.
 
 The journal is the invocation's event stream. It is audited with
-:func:`eventstore.audit.verify_fields` (decoding, hash chain, lifecycle, and the
+:func:`eventstore.audit.journal.verify_fields` (decoding, hash chain, lifecycle, and the
 record's fields against the fold). Receipts never read the request or the raw response,
 so the audit's payload-digest findings are left out here; the one payload a receipt
 shows, the bounded result, is checked on its own. Pure: no I/O.

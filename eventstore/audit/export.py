@@ -16,9 +16,9 @@ from typing import Any, Final
 
 import msgspec
 
-from eventstore.audit_tools.checks import problems_of
-from eventstore.audit_tools.readonly import Snapshot, read_snapshot
-from eventstore.audit_tools.replay import run_tool_call_ids
+from eventstore.audit.checks import problems_of
+from eventstore.audit.readonly import Snapshot, read_snapshot
+from eventstore.audit.replay import run_tool_call_ids
 from eventstore.reader import StoredEvent
 from eventstore.store import Store
 from machine.events import stored_document
