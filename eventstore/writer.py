@@ -11,7 +11,6 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Final
 
 from redis.asyncio import Redis
 
@@ -22,6 +21,7 @@ from eventstore.scripts import Scripts
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import (
     GENESIS_HASH,
+    PAYLOAD_OF,
     Completed,
     Event,
     Failed,
@@ -34,13 +34,6 @@ from machine.events import (
 )
 from machine.fold import event_fields
 from machine.ids import invocation_id, is_tool_name
-
-#: Record field that holds each event type's payload.
-PAYLOAD_FIELD: Final = {
-    "Preflighted": "request",
-    "ProjectingStarted": "raw",
-    "Completed": "result",
-}
 
 
 def now_ms() -> int:
@@ -134,7 +127,7 @@ class Writer:
         pairs: list[str | bytes] = []
         for name, value in event_fields(event).items():
             pairs += (name, value)
-        field = PAYLOAD_FIELD.get(kind)
+        field = PAYLOAD_OF[kind].payload
         if field is not None and payload is not None:
             pairs += (field, payload)
         async with redis_errors():

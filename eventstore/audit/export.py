@@ -21,13 +21,12 @@ from eventstore.audit.readonly import Snapshot, read_snapshot
 from eventstore.audit.replay import run_tool_call_ids
 from eventstore.reader import StoredEvent
 from eventstore.store import Store
-from machine.events import stored_document
+from machine.events import PAYLOAD_FIELDS, stored_document
 from machine.fold import InvocationState
 from machine.ids import invocation_id, is_safe_id
 
 #: Format marker of the export header line.
 EXPORT_FORMAT: Final = "canon.export.v1"
-PAYLOAD_FIELDS: Final = ("request", "raw", "result")
 _METADATA_FIELDS: Final = frozenset(InvocationState.__struct_fields__) | {
     "invocation_id",
     "expires_at_ms",
