@@ -59,6 +59,14 @@ class InvalidArgument(CanonError, ValueError):
     """Raised when a caller passes an id, limit or setting the store cannot accept."""
 
 
+class DeadlinePassed(InvalidArgument):
+    """Raised when ``open_run.lua`` refuses a deadline the server's clock has already passed."""
+
+
+class RebuildLost(CanonError):
+    """Raised when ``switch_generation.lua`` finds the rebuild's claim taken over."""
+
+
 class NamespaceMismatch(CanonError):
     """Raised when a namespace is opened with a shard count other than the one it has."""
 

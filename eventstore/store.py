@@ -87,19 +87,18 @@ class Store:
         self.limits = limits or Limits()
         self.timeout_s = timeout_s
         self.feed_retention_ms = self.ttl_ms + _ms(FEED_GRACE)
-        self.scripts = Scripts(self.client)
         self.batcher = (
             ReplicaAcknowledgedCalls(self.client, replicas=replicas, timeout_ms=replica_timeout_ms)
             if replicas
             else ScriptBatcher(self.client)
         )
+        self.scripts = Scripts(self.client, self.batcher)
         self.writer = Writer(
             self.client,
             self.keys,
             self.scripts,
             ttl_ms=self.ttl_ms,
             feed_retention_ms=self.feed_retention_ms,
-            batcher=self.batcher,
         )
         self.reader = Reader(self.client, self.keys)
         self.runs = RunRegistry(self.client, self.keys, self.scripts, ttl_ms=self.ttl_ms)

@@ -35,7 +35,7 @@ async def cut(start_server: Any, proxy_to: Any, namespace: str) -> AsyncIterator
             await open_run(store)
             # Loaded up front, so the lost reply is the script's, never a NOSCRIPT.
             for script in (store.scripts.create, store.scripts.append):
-                assert await admin.script_load(script.script) == script.sha
+                assert await admin.script_load(script.source) == script.sha
             yield store, proxy, admin
     finally:
         await admin.aclose()
