@@ -6,6 +6,11 @@ before it, so an invocation's stream is a tamper-evident chain.
 
 Tags are explicit and permanent: renaming a class never changes what is stored.
 
+The Structs are the one declaration of each event's fields: which are hex, which are a
+payload's digest and size, and their compact order. The compact codec, the record fields
+the fold sets and every payload map (:data:`PAYLOAD_OF`, :data:`PAYLOAD_FIELDS`) are
+derived from them.
+
 Events are stored in the compact encoding of schema 2 (:mod:`machine.compact`): one
 MessagePack array with every field, hex as bytes. Events of schemas 0 and 1 were JSON
 objects; they are read, upcast (:mod:`machine.upcasting`) and hashed as stored, never
@@ -104,7 +109,7 @@ COMMON_FIELDS: Final = frozenset(_Event.__struct_fields__)
 #: The event Structs in lifecycle order.
 EVENT_CLASSES: Final = (Preflighted, ProjectingStarted, Completed, Failed)
 #: Event type names (the permanent tags), in lifecycle order.
-EVENT_TYPES: Final = ("Preflighted", "ProjectingStarted", "Completed", "Failed")
+EVENT_TYPES: Final = tuple(str(event.__struct_config__.tag) for event in EVENT_CLASSES)
 
 
 class PayloadFields(NamedTuple):
