@@ -67,6 +67,14 @@ class RunExists(CanonError):
     """Raised when ``open_run`` names a run id that is already registered."""
 
 
+class DeadlinePassed(InvalidArgument):
+    """Raised when ``open_run.lua`` refuses a deadline the server's clock has already passed."""
+
+
+class RebuildLost(CanonError):
+    """Raised when ``switch_generation.lua`` finds the rebuild's claim taken over."""
+
+
 class NamespaceMismatch(CanonError):
     """Raised when a namespace is opened with a shard count other than the one it has."""
 

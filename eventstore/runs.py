@@ -15,9 +15,9 @@ from typing import Final, cast
 import msgspec
 from redis.asyncio import Redis
 
-from eventstore.errors import InvalidArgument, RunExists, redis_errors
+from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.keys import Keys
-from eventstore.scripts import Scripts
+from eventstore.scripts import OpenRunScript, Scripts, UpdateRunScript
 from machine.ids import is_run_id, is_tool_name
 
 _TOKEN_PREFIX: Final = "cr1"  # noqa: S105 (a format marker, not a secret)
@@ -95,7 +95,8 @@ class RunRegistry:
             tools: tools granted to the run, each with its own budget (None for none).
 
         Raises:
-            InvalidArgument: an unsafe id, a negative budget or a past deadline.
+            InvalidArgument: an unsafe id or a negative budget.
+            DeadlinePassed: the deadline has passed (an InvalidArgument).
             RunExists: the run id is already registered.
 
         """
@@ -110,30 +111,26 @@ class RunRegistry:
         if budget is not None and budget < 0:
             raise InvalidArgument("run budget must not be negative")
         token = f"{_TOKEN_PREFIX}:{run_id}:{secrets.token_urlsafe(32)}"
-        args: list[str | int] = [
-            token_digest(token),
-            deadline_ms,
-            self._ttl_ms,
-            "" if budget is None else budget,
-        ]
-        for name, tool_budget in grants.items():
-            args += (name, "" if tool_budget is None else tool_budget)
-        async with redis_errors():
-            reply = await self._scripts.open_run(keys=[self._keys.run(run_id)], args=args)
-        if reply[0] == b"refused":
-            if reply[1] == b"RUN_EXISTS":
-                raise RunExists("run id is already registered")
-            raise InvalidArgument("deadline has already passed")
+        expires_at_ms = await self._scripts.open_run(
+            OpenRunScript.arguments(
+                run=self._keys.run(run_id),
+                token_sha256=token_digest(token),
+                deadline_ms=deadline_ms,
+                ttl_ms=self._ttl_ms,
+                budget=budget,
+                tools=list(grants.items()),
+            )
+        )
         return OpenedRun(
-            run_id=run_id, access_token=token, deadline_ms=deadline_ms, expires_at_ms=int(reply[1])
+            run_id=run_id, access_token=token, deadline_ms=deadline_ms, expires_at_ms=expires_at_ms
         )
 
     async def _update(self, run_id: str, *pairs: str | int) -> bool:
         if not is_run_id(run_id):
             return False
-        async with redis_errors():
-            updated = await self._scripts.update_run(keys=[self._keys.run(run_id)], args=pairs)
-        return bool(updated)
+        return await self._scripts.update_run(
+            UpdateRunScript.arguments(run=self._keys.run(run_id), fields=pairs)
+        )
 
     async def close(self, run_id: str) -> bool:
         """Mark a run inactive; later calls are refused. False when the run is unknown."""

@@ -1,59 +1,313 @@
-"""Loads the Lua scripts beside this module and wraps each in one typed function.
+"""The store's Lua scripts (``eventstore/scripts``), each wrapped in one typed class.
 
-Scripts are registered once per client and called by SHA; redis-py reloads a script
-when the server answers NOSCRIPT (after a restart or SCRIPT FLUSH).
+A wrapper's ``layout`` is the script's KEYS and ARGV in order (checked against the
+script's header by a test), and its ``arguments`` the only code that fills them: the
+Writer, the run registry and the benchmark go through it. Replies come back typed;
+refusals are raised as the exceptions of :mod:`eventstore.errors`.
 """
 
 from __future__ import annotations
 
-from functools import cache
-from importlib import resources
-from typing import Any, Final
+from collections.abc import Sequence
+from typing import Any, Final, NamedTuple
 
 from redis.asyncio import Redis
-from redis.commands.core import AsyncScript
+from redis.typing import EncodableT
 
+from eventstore.batching import ScriptBatcher, call_script
+from eventstore.errors import DeadlinePassed, RecordExpired, Refused, RunExists, redis_errors
+from eventstore.lua import KeysAndArgs, Layout, LuaScript, ScriptCall, ScriptFolder
+from machine.codes import ErrorCode
 from machine.events import GENESIS_HASH
 from machine.fold import LIFECYCLE_FIELDS
 from machine.lifecycle import lua_tables
 
-_MARKER: Final = "-- @lifecycle-tables"
-_FEED_TRIM_MARKER: Final = "-- @feed-trim"
 #: Fields only the scripts themselves may write.
 _PROTECTED: Final = sorted(
     (LIFECYCLE_FIELDS - {"evidence_status"}) | {"expires_at_ms", "invocation_id"}
 )
 
-ScriptReply = list[Any]
+
+def _lifecycle_tables() -> str:
+    """The ``-- @include lifecycle_tables`` part: the transition tables and constants."""
+    protected = ", ".join(f'["{field}"] = true' for field in _PROTECTED)
+    return (
+        f"{lua_tables()}\nlocal PROTECTED = {{ {protected} }}\n"
+        f'local GENESIS_HASH = "{GENESIS_HASH}"'
+    )
 
 
-@cache
-def script_source(name: str) -> str:
-    """Return the source of ``<name>.lua`` with the generated lifecycle tables and constants.
+#: The store's scripts folder.
+FOLDER: Final = ScriptFolder("eventstore", {"lifecycle_tables": _lifecycle_tables})
 
-    ``-- @feed-trim`` is replaced by ``feed_trim.lua`` (the feed trimming both write
-    scripts share).
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+class Committed(NamedTuple):
+    """What a write script answers when its event is in the journal.
+
+    Attributes:
+        version: the event's version.
+        entry_id: its feed entry id ("" when an earlier attempt had already applied it).
+        expires_at_ms: the record's absolute expiry.
+
     """
-    folder = resources.files("eventstore").joinpath("scripts")
-    text = folder.joinpath(f"{name}.lua").read_text("utf-8")
-    if _FEED_TRIM_MARKER in text:
-        trim = folder.joinpath("feed_trim.lua").read_text("utf-8")
-        text = text.replace(_FEED_TRIM_MARKER, trim, 1)
-    if _MARKER in text:
-        protected = ", ".join(f'["{field}"] = true' for field in _PROTECTED)
-        generated = (
-            f"{lua_tables()}\nlocal PROTECTED = {{ {protected} }}\n"
-            f'local GENESIS_HASH = "{GENESIS_HASH}"'
-        )
-        text = text.replace(_MARKER, generated, 1)
-    return text
+
+    version: int
+    entry_id: str
+    expires_at_ms: int
+
+
+def _committed(reply: Any) -> Committed:
+    """The :class:`Committed` of a create or append reply, or its refusal raised."""
+    outcome = reply[0]
+    if outcome == b"refused" or outcome == "refused":
+        code = _text(reply[1])
+        if code == ErrorCode.RECORD_EXPIRED.value:
+            raise RecordExpired()
+        raise Refused(code, int(reply[2]) if len(reply) > 2 else None)
+    return Committed(int(reply[1]), _text(reply[2]), int(reply[3]))
+
+
+class CreateScript(LuaScript):
+    """``create.lua``: create an invocation with its Preflighted event."""
+
+    name = "create"
+    layout = Layout(
+        keys=("record", "stream", "feed", "run", "control"),
+        argv=(
+            "event_id",
+            "event_hash",
+            "event",
+            "run_id",
+            "tool_call_id",
+            "tool",
+            "invocation_id",
+            "at_ms",
+            "ttl_ms",
+            "retention_ms",
+            "version",
+            "prev_hash",
+        ),
+        argv_groups=(("field", "value"),),
+    )
+
+    @staticmethod
+    def arguments(
+        *,
+        record: str,
+        stream: str,
+        feed: str,
+        run: str,
+        control: str,
+        event_id: str,
+        event_hash: str,
+        event: bytes,
+        run_id: str,
+        tool_call_id: str,
+        tool: str,
+        invocation_id: str,
+        at_ms: int,
+        ttl_ms: int,
+        retention_ms: int,
+        version: int,
+        prev_hash: str,
+        fields: Sequence[EncodableT],
+    ) -> KeysAndArgs:
+        """KEYS and ARGV of one call; ``fields`` are the record's field/value pairs."""
+        keys = [record, stream, feed, run, control]
+        args: list[EncodableT] = [
+            event_id,
+            event_hash,
+            event,
+            run_id,
+            tool_call_id,
+            tool,
+            invocation_id,
+            at_ms,
+            ttl_ms,
+            retention_ms,
+            version,
+            prev_hash,
+            *fields,
+        ]
+        return keys, args
+
+    async def __call__(self, call: KeysAndArgs) -> Committed:
+        """Run the script with :meth:`arguments`' KEYS and ARGV.
+
+        Raises:
+            Refused: with a preflight code (RUN_INACTIVE, DUPLICATE_TOOL_CALL, budgets...)
+                or a writer conflict (VERSION_CONFLICT, CHAIN_BROKEN, PROTECTED_FIELD).
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        async with redis_errors():
+            reply = await self._call(self.script, call[0], call[1])
+        return _committed(reply)
+
+
+class AppendScript(LuaScript):
+    """``append.lua``: append one event to an existing invocation and fold it in."""
+
+    name = "append"
+    layout = Layout(
+        keys=("record", "stream", "feed", "progress", "run"),
+        argv=(
+            "event_type",
+            "version",
+            "event_id",
+            "prev_hash",
+            "event_hash",
+            "event",
+            "at_ms",
+            "retention_ms",
+            "run_id",
+            "tool_call_id",
+        ),
+        argv_groups=(("field", "value"),),
+    )
+
+    @staticmethod
+    def arguments(
+        *,
+        record: str,
+        stream: str,
+        feed: str,
+        progress: str,
+        run: str,
+        event_type: str,
+        version: int,
+        event_id: str,
+        prev_hash: str,
+        event_hash: str,
+        event: bytes,
+        at_ms: int,
+        retention_ms: int,
+        run_id: str,
+        tool_call_id: str,
+        fields: Sequence[EncodableT],
+    ) -> KeysAndArgs:
+        """KEYS and ARGV of one call; ``fields`` are the record's field/value pairs."""
+        keys = [record, stream, feed, progress, run]
+        args: list[EncodableT] = [
+            event_type,
+            version,
+            event_id,
+            prev_hash,
+            event_hash,
+            event,
+            at_ms,
+            retention_ms,
+            run_id,
+            tool_call_id,
+            *fields,
+        ]
+        return keys, args
+
+    async def __call__(self, call: KeysAndArgs) -> Committed:
+        """Run the script with :meth:`arguments`' KEYS and ARGV.
+
+        Raises:
+            RecordExpired: the record is gone; nothing was created.
+            Refused: VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION,
+                INVALID_EVIDENCE_STATUS, MISSING_ERROR_CODE or PROTECTED_FIELD.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        async with redis_errors():
+            reply = await self._call(self.script, call[0], call[1])
+        return _committed(reply)
+
+
+class OpenRunScript(LuaScript):
+    """``open_run.lua``: register a run with its deadline, budgets and token hash."""
+
+    name = "open_run"
+    layout = Layout(
+        keys=("run",),
+        argv=("token_sha256", "deadline_ms", "ttl_ms", "budget"),
+        argv_groups=(("tool", "tool_budget"),),
+    )
+
+    @staticmethod
+    def arguments(
+        *,
+        run: str,
+        token_sha256: str,
+        deadline_ms: int,
+        ttl_ms: int,
+        budget: int | None,
+        tools: Sequence[tuple[str, int | None]],
+    ) -> KeysAndArgs:
+        """KEYS and ARGV of one call; a budget of None is sent as '' (none)."""
+        args: list[EncodableT] = [
+            token_sha256,
+            deadline_ms,
+            ttl_ms,
+            "" if budget is None else budget,
+        ]
+        for tool, tool_budget in tools:
+            args += (tool, "" if tool_budget is None else tool_budget)
+        return [run], args
+
+    async def __call__(self, call: KeysAndArgs) -> int:
+        """Run the script; return the run's absolute expiry (ms).
+
+        Raises:
+            RunExists: the run id is already registered.
+            DeadlinePassed: the deadline has passed by the server's clock.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        async with redis_errors():
+            reply = await self._call(self.script, call[0], call[1])
+        if _text(reply[0]) == "refused":
+            if _text(reply[1]) == "RUN_EXISTS":
+                raise RunExists("run id is already registered")
+            raise DeadlinePassed("deadline has already passed")
+        return int(reply[1])
+
+
+class UpdateRunScript(LuaScript):
+    """``update_run.lua``: set fields of an existing run hash, never creating one."""
+
+    name = "update_run"
+    layout = Layout(keys=("run",), argv_groups=(("field", "value"),))
+
+    @staticmethod
+    def arguments(*, run: str, fields: Sequence[EncodableT]) -> KeysAndArgs:
+        """KEYS and ARGV of one call; ``fields`` are field/value pairs."""
+        return [run], list(fields)
+
+    async def __call__(self, call: KeysAndArgs) -> bool:
+        """Run the script; False when the run does not exist (nothing was written).
+
+        Raises:
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        async with redis_errors():
+            return bool(await self._call(self.script, call[0], call[1]))
+
+
+#: Every wrapper of this folder (the header test walks them).
+WRAPPERS: Final = (CreateScript, AppendScript, OpenRunScript, UpdateRunScript)
 
 
 class Scripts:
-    """The store's scripts registered on one client."""
+    """The store's scripts registered on one client.
 
-    def __init__(self, client: Redis) -> None:
-        self.create: AsyncScript = client.register_script(script_source("create"))
-        self.append: AsyncScript = client.register_script(script_source("append"))
-        self.open_run: AsyncScript = client.register_script(script_source("open_run"))
-        self.update_run: AsyncScript = client.register_script(script_source("update_run"))
+    ``create`` and ``append`` go through ``batcher`` when one is given (concurrent appends
+    share round trips, see :mod:`eventstore.batching`); the run registry's scripts are
+    sent alone.
+    """
+
+    def __init__(self, client: Redis, batcher: ScriptBatcher | None = None) -> None:
+        writes: ScriptCall = batcher.call if batcher is not None else call_script
+        self.create = CreateScript(client, FOLDER, writes)
+        self.append = AppendScript(client, FOLDER, writes)
+        self.open_run = OpenRunScript(client, FOLDER)
+        self.update_run = UpdateRunScript(client, FOLDER)

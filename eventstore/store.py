@@ -121,7 +121,6 @@ class Store:
         self.settings = settings
         self.cluster = cluster_of(client)
         self.client = store_client(client)
-        self._scripts = Scripts(self.client)
         self._batcher = (
             ReplicaAcknowledgedCalls(
                 self.client, replicas=settings.replicas, timeout_ms=settings.replica_timeout_ms
@@ -129,6 +128,7 @@ class Store:
             if settings.replicas
             else ScriptBatcher(self.client)
         )
+        self._scripts = Scripts(self.client, self._batcher)
         self.use_keys(Keys(settings.namespace, settings.shards))
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -145,7 +145,6 @@ class Store:
             self._scripts,
             ttl_ms=self.settings.ttl_ms,
             feed_retention_ms=self.settings.feed_retention_ms,
-            batcher=self._batcher,
         )
         self._reader = Reader(self.client, keys)
         self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)

@@ -11,17 +11,16 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import Final
 
 from redis.asyncio import Redis
 
-from eventstore.batching import ScriptBatcher, call_script
-from eventstore.errors import InvalidArgument, RecordExpired, Refused, redis_errors
+from eventstore.errors import InvalidArgument
 from eventstore.keys import Keys
-from eventstore.scripts import Scripts
+from eventstore.scripts import AppendScript, CreateScript, Scripts
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import (
     GENESIS_HASH,
+    PAYLOAD_OF,
     Completed,
     Event,
     Failed,
@@ -34,13 +33,6 @@ from machine.events import (
 )
 from machine.fold import event_fields
 from machine.ids import invocation_id, is_tool_name
-
-#: Record field that holds each event type's payload.
-PAYLOAD_FIELD: Final = {
-    "Preflighted": "request",
-    "ProjectingStarted": "raw",
-    "Completed": "result",
-}
 
 
 def now_ms() -> int:
@@ -96,10 +88,6 @@ def preflighted(run_id: str, tool_call_id: str, tool: str, request: bytes) -> Pr
     )
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class Writer:
     """Appends events through the store's scripts."""
 
@@ -111,9 +99,8 @@ class Writer:
         *,
         ttl_ms: int,
         feed_retention_ms: int,
-        batcher: ScriptBatcher | None = None,
     ) -> None:
-        """Write through ``scripts`` on ``client``.
+        """Write through ``scripts`` on ``client`` (they carry the batcher, if any).
 
         Raises:
             InvalidArgument: ``feed_retention_ms`` is shorter than ``ttl_ms``: age trimming
@@ -128,8 +115,6 @@ class Writer:
         self._scripts = scripts
         self._ttl_ms = ttl_ms
         self._feed_retention_ms = feed_retention_ms
-        # Concurrent appends share pipelines through the batcher (see eventstore.batching).
-        self._call_script = batcher.call if batcher is not None else call_script
 
     async def append(
         self, event: Event, payload: bytes | None = None, *, run_id: str, tool_call_id: str
@@ -154,61 +139,60 @@ class Writer:
         pairs: list[str | bytes] = []
         for name, value in event_fields(event).items():
             pairs += (name, value)
-        field = PAYLOAD_FIELD.get(kind)
+        field = PAYLOAD_OF[kind].payload
         if field is not None and payload is not None:
             pairs += (field, payload)
-        async with redis_errors():
-            if isinstance(event, Preflighted):
-                reply = await self._call_script(
-                    self._scripts.create,
-                    [keys.record, keys.stream, keys.feed, keys.run, keys.control],
-                    [
-                        event.event_id,
-                        hash_,
-                        encoded,
-                        run_id,
-                        tool_call_id,
-                        event.tool,
-                        invocation_id(run_id, tool_call_id),
-                        event.at_ms,
-                        self._ttl_ms,
-                        self._feed_retention_ms,
-                        event.version,
-                        event.prev_hash,
-                        *pairs,
-                    ],
+        if isinstance(event, Preflighted):
+            committed = await self._scripts.create(
+                CreateScript.arguments(
+                    record=keys.record,
+                    stream=keys.stream,
+                    feed=keys.feed,
+                    run=keys.run,
+                    control=keys.control,
+                    event_id=event.event_id,
+                    event_hash=hash_,
+                    event=encoded,
+                    run_id=run_id,
+                    tool_call_id=tool_call_id,
+                    tool=event.tool,
+                    invocation_id=invocation_id(run_id, tool_call_id),
+                    at_ms=event.at_ms,
+                    ttl_ms=self._ttl_ms,
+                    retention_ms=self._feed_retention_ms,
+                    version=event.version,
+                    prev_hash=event.prev_hash,
+                    fields=pairs,
                 )
-            else:
-                reply = await self._call_script(
-                    self._scripts.append,
-                    [keys.record, keys.stream, keys.feed, keys.progress, keys.run],
-                    [
-                        kind,
-                        event.version,
-                        event.event_id,
-                        event.prev_hash,
-                        hash_,
-                        encoded,
-                        event.at_ms,
-                        self._feed_retention_ms,
-                        run_id,
-                        tool_call_id,
-                        *pairs,
-                    ],
+            )
+        else:
+            committed = await self._scripts.append(
+                AppendScript.arguments(
+                    record=keys.record,
+                    stream=keys.stream,
+                    feed=keys.feed,
+                    progress=keys.progress,
+                    run=keys.run,
+                    event_type=kind,
+                    version=event.version,
+                    event_id=event.event_id,
+                    prev_hash=event.prev_hash,
+                    event_hash=hash_,
+                    event=encoded,
+                    at_ms=event.at_ms,
+                    retention_ms=self._feed_retention_ms,
+                    run_id=run_id,
+                    tool_call_id=tool_call_id,
+                    fields=pairs,
                 )
-        outcome = _text(reply[0])
-        if outcome == "refused":
-            code = _text(reply[1])
-            if code == ErrorCode.RECORD_EXPIRED.value:
-                raise RecordExpired()
-            raise Refused(code, int(reply[2]) if len(reply) > 2 else None)
+            )
         return Head(
             run_id=run_id,
             tool_call_id=tool_call_id,
-            version=int(reply[1]),
+            version=committed.version,
             last_hash=hash_,
-            entry_id=_text(reply[2]),
-            expires_at_ms=int(reply[3]),
+            entry_id=committed.entry_id,
+            expires_at_ms=committed.expires_at_ms,
         )
 
     async def create(self, run_id: str, tool_call_id: str, tool: str, request: bytes) -> Head:

@@ -6,6 +6,11 @@ before it, so an invocation's stream is a tamper-evident chain.
 
 Tags are explicit and permanent: renaming a class never changes what is stored.
 
+The Structs are the one declaration of each event's fields: which are hex, which are a
+payload's digest and size, and their compact order. The compact codec, the record fields
+the fold sets and every payload map (:data:`PAYLOAD_OF`, :data:`PAYLOAD_FIELDS`) are
+derived from them.
+
 Events are stored in the compact encoding of schema 2 (:mod:`machine.compact`): one
 MessagePack array with every field, hex as bytes. Events of schemas 0 and 1 were JSON
 objects; they are read, upcast (:mod:`machine.upcasting`) and hashed as stored, never
@@ -14,32 +19,14 @@ rewritten.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-from typing import Any, Final
+import typing
+from typing import Annotated, Any, Final, NamedTuple
 
 import msgspec
 
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.compact import (
-    EVIDENCE,
-    EVIDENCE_CODES,
-    EVIDENCE_OF_CODE,
-    HEX,
-    PREV_HASH,
-    SPELLINGS,
-    TYPE_CODES,
-    CompactCompleted,
-    CompactEvent,
-    CompactFailed,
-    CompactPreflighted,
-    CompactProjectingStarted,
-    compact_decoder,
-    compact_document,
-    compact_encoder,
-    hex_bytes,
-    is_compact,
-)
+from machine.compact import ChainHash, CompactCodec, Hex, is_compact
 from machine.upcasting import JSONObject, upcast
 
 #: ``prev_hash`` of the first event of every invocation.
@@ -49,14 +36,33 @@ GENESIS_HASH: Final = "0" * 64
 SCHEMA_VERSION: Final = 2
 
 
+class Digest(NamedTuple):
+    """Marks a field as the SHA-256 of a payload; ``payload`` is the record field of its bytes."""
+
+    payload: str
+
+
+class Size(NamedTuple):
+    """Marks a field as a payload's UTF-8 size (``payload`` None: a refused, unstored one)."""
+
+    payload: str | None
+
+
 class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
     """Fields every event carries."""
 
-    event_id: str
+    event_id: Hex
     version: int
     at_ms: int
-    prev_hash: str
+    prev_hash: ChainHash
     schema: int = SCHEMA_VERSION
+
+
+# The Structs below are the one declaration of every event's fields: their names and types,
+# which are payload digests and sizes (Digest, Size), which are hex (Hex; digests are),
+# and, in this order, their compact order (machine.compact). New fields go last, with a
+# default. The codec, the fold's record fields, the payload maps and the audit derive
+# from it.
 
 
 class Preflighted(_Event, frozen=True, tag="Preflighted"):
@@ -65,22 +71,22 @@ class Preflighted(_Event, frozen=True, tag="Preflighted"):
     run_id: str
     tool_call_id: str
     tool: str
-    request_sha256: str
-    request_bytes: int
+    request_sha256: Annotated[Hex, Digest("request")]
+    request_bytes: Annotated[int, Size("request")]
 
 
 class ProjectingStarted(_Event, frozen=True, tag="ProjectingStarted"):
     """The executor returned; its raw response is stored complete."""
 
-    raw_sha256: str
-    raw_bytes: int
+    raw_sha256: Annotated[Hex, Digest("raw")]
+    raw_bytes: Annotated[int, Size("raw")]
 
 
 class Completed(_Event, frozen=True, tag="Completed"):
     """The projector returned a bounded agent result; the record becomes READY."""
 
-    result_sha256: str
-    result_bytes: int
+    result_sha256: Annotated[Hex, Digest("result")]
+    result_bytes: Annotated[int, Size("result")]
     evidence_status: EvidenceStatus
     scope: str = ""
 
@@ -93,148 +99,62 @@ class Failed(_Event, frozen=True, tag="Failed"):
     """
 
     error_code: ErrorCode
-    rejected_bytes: int | None = None
+    rejected_bytes: Annotated[int | None, Size(None)] = None
 
 
 Event = Preflighted | ProjectingStarted | Completed | Failed
 
+#: Fields every event carries (its identity, place in the chain and schema), not its type's.
+COMMON_FIELDS: Final = frozenset(_Event.__struct_fields__)
+#: The event Structs in lifecycle order.
+EVENT_CLASSES: Final = (Preflighted, ProjectingStarted, Completed, Failed)
 #: Event type names (the permanent tags), in lifecycle order.
-EVENT_TYPES: Final = ("Preflighted", "ProjectingStarted", "Completed", "Failed")
+EVENT_TYPES: Final = tuple(str(event.__struct_config__.tag) for event in EVENT_CLASSES)
+
+
+class PayloadFields(NamedTuple):
+    """Where one event type's payload lives: its record field, digest field and size field.
+
+    ``payload`` and ``digest`` are None for a type whose payload is never stored (a
+    ``Failed`` event only records the size of what it refused).
+    """
+
+    payload: str | None
+    digest: str | None
+    size: str | None
+
+
+def _payload_fields(event: type[msgspec.Struct]) -> PayloadFields:
+    found: dict[type[Any], tuple[str, str | None]] = {}
+    for name, hint in typing.get_type_hints(event, include_extras=True).items():
+        for mark in getattr(hint, "__metadata__", ()):
+            if isinstance(mark, Digest | Size):
+                found[type(mark)] = (name, mark.payload)
+    digest, size = found.get(Digest), found.get(Size)
+    payload = digest[1] if digest else None
+    return PayloadFields(payload, digest[0] if digest else None, size[0] if size else None)
+
+
+#: Per event type, its payload's record field, digest field and size field.
+PAYLOAD_OF: Final = {event.__struct_config__.tag: _payload_fields(event) for event in EVENT_CLASSES}
+#: Record fields holding payload bytes, in lifecycle order, with their digest and size fields.
+PAYLOAD_FIELDS: Final = {
+    fields.payload: (fields.digest, fields.size)
+    for fields in PAYLOAD_OF.values()
+    if fields.payload is not None and fields.digest is not None and fields.size is not None
+}
 
 _json_decoder = msgspec.json.Decoder(Event)
-
-
-def _prev_bytes(value: str) -> bytes:
-    return b"" if value == GENESIS_HASH else hex_bytes(value)
-
-
-def _compact_head(event: Event) -> dict[str, Any]:
-    """The fields every compact event starts with; ValueError when an id is not hex."""
-    return {
-        "schema": event.schema,
-        "event_id": hex_bytes(event.event_id),
-        "version": event.version,
-        "at_ms": event.at_ms,
-        "prev_hash": _prev_bytes(event.prev_hash),
-    }
-
-
-def _compact_of(event: Event) -> CompactEvent:
-    """The fast-path array of ``event``; ValueError when one of its strings is not hex."""
-    head = _compact_head(event)
-    match event:
-        case Preflighted():
-            return CompactPreflighted(
-                **head,
-                run_id=event.run_id,
-                tool_call_id=event.tool_call_id,
-                tool=event.tool,
-                request_sha256=hex_bytes(event.request_sha256),
-                request_bytes=event.request_bytes,
-            )
-        case ProjectingStarted():
-            return CompactProjectingStarted(
-                **head,
-                raw_sha256=hex_bytes(event.raw_sha256),
-                raw_bytes=event.raw_bytes,
-            )
-        case Completed():
-            return CompactCompleted(
-                **head,
-                result_sha256=hex_bytes(event.result_sha256),
-                result_bytes=event.result_bytes,
-                evidence_status=EVIDENCE_CODES[event.evidence_status],
-                scope=event.scope,
-            )
-        case Failed():
-            return CompactFailed(
-                **head,
-                error_code=event.error_code,
-                rejected_bytes=event.rejected_bytes,
-            )
-    raise TypeError(f"not an event: {type(event).__name__}")  # pragma: no cover
-
-
-def _compact_items(event: Event) -> list[Any]:
-    """The same array for any event: strings that are not lowercase hex stay strings."""
-    kind = event_type(event)
-    items: list[Any] = [TYPE_CODES[kind], event.schema]
-    for name, spelling in SPELLINGS[kind]:
-        value = getattr(event, name)
-        if spelling == EVIDENCE:
-            value = EVIDENCE_CODES[value]
-        elif spelling in (HEX, PREV_HASH):
-            with contextlib.suppress(ValueError):
-                value = _prev_bytes(value) if spelling == PREV_HASH else hex_bytes(value)
-        items.append(value)
-    return items
+_codec: Final = CompactCodec(EVENT_CLASSES, genesis_hash=GENESIS_HASH, schema=SCHEMA_VERSION)
+#: Per event type, its fields in compact order after the schema (see machine.compact).
+COMPACT_LAYOUT: Final = _codec.layout
+_compact_decoder: Final = _codec.decoder
+_from_compact: Final = _codec.from_compact
 
 
 def encode_event(event: Event) -> bytes:
     """Return the stored bytes of ``event``: its compact encoding (:mod:`machine.compact`)."""
-    try:
-        return compact_encoder.encode(_compact_of(event))
-    except ValueError:
-        return compact_encoder.encode(_compact_items(event))
-
-
-def _from_compact(wire: CompactEvent) -> Event | None:
-    """The current event a fast-path array stands for; None when it needs the general path."""
-    if wire.schema != SCHEMA_VERSION:
-        return None
-    # The common fields are spelled out per type: a shared dict unpacked into each
-    # constructor made decoding (the workers' hot path) twice as slow.
-    prev_hash = wire.prev_hash.hex() if wire.prev_hash else GENESIS_HASH
-    match wire:
-        case CompactPreflighted():
-            return Preflighted(
-                event_id=wire.event_id.hex(),
-                version=wire.version,
-                at_ms=wire.at_ms,
-                prev_hash=prev_hash,
-                schema=wire.schema,
-                run_id=wire.run_id,
-                tool_call_id=wire.tool_call_id,
-                tool=wire.tool,
-                request_sha256=wire.request_sha256.hex(),
-                request_bytes=wire.request_bytes,
-            )
-        case CompactProjectingStarted():
-            return ProjectingStarted(
-                event_id=wire.event_id.hex(),
-                version=wire.version,
-                at_ms=wire.at_ms,
-                prev_hash=prev_hash,
-                schema=wire.schema,
-                raw_sha256=wire.raw_sha256.hex(),
-                raw_bytes=wire.raw_bytes,
-            )
-        case CompactCompleted():
-            evidence = EVIDENCE_OF_CODE.get(wire.evidence_status)
-            if evidence is None:
-                return None
-            return Completed(
-                event_id=wire.event_id.hex(),
-                version=wire.version,
-                at_ms=wire.at_ms,
-                prev_hash=prev_hash,
-                schema=wire.schema,
-                result_sha256=wire.result_sha256.hex(),
-                result_bytes=wire.result_bytes,
-                evidence_status=evidence,
-                scope=wire.scope,
-            )
-        case CompactFailed():
-            return Failed(
-                event_id=wire.event_id.hex(),
-                version=wire.version,
-                at_ms=wire.at_ms,
-                prev_hash=prev_hash,
-                schema=wire.schema,
-                error_code=wire.error_code,
-                rejected_bytes=wire.rejected_bytes,
-            )
-    return None  # pragma: no cover - the decoder yields only the four types
+    return _codec.encode(event)
 
 
 def stored_document(data: bytes | str) -> JSONObject:
@@ -248,7 +168,7 @@ def stored_document(data: bytes | str) -> JSONObject:
 
     """
     if isinstance(data, bytes) and is_compact(data):
-        return compact_document(data, genesis_hash=GENESIS_HASH, newest_schema=SCHEMA_VERSION)
+        return _codec.document(data, newest_schema=SCHEMA_VERSION)
     obj = msgspec.json.decode(data)
     if not isinstance(obj, dict):
         raise msgspec.ValidationError("an event must be a JSON object")
@@ -265,7 +185,8 @@ def decode_event(data: bytes | str) -> Event:
     event: Event | None
     try:
         if isinstance(data, bytes) and is_compact(data):
-            event = _from_compact(compact_decoder.decode(data))
+            wire = _compact_decoder.decode(data)
+            event = _from_compact[type(wire)](wire)
         else:
             event = _json_decoder.decode(data)
             if event.schema != SCHEMA_VERSION:

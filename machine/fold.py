@@ -14,12 +14,12 @@ import msgspec
 from machine.codes import ErrorCode, EvidenceStatus, Stage, Status
 from machine.errors import CanonError
 from machine.events import (
+    COMMON_FIELDS,
+    EVENT_CLASSES,
     GENESIS_HASH,
     Completed,
     Event,
-    Failed,
     Preflighted,
-    ProjectingStarted,
     encode_event,
     event_hash,
     event_type,
@@ -90,33 +90,26 @@ LIFECYCLE_FIELDS: Final = frozenset(
 )
 
 
+#: Per event Struct, the record fields it sets: its own declared fields (machine.events).
+_RECORD_FIELDS: Final = {
+    event: tuple(name for name in event.__struct_fields__ if name not in COMMON_FIELDS)
+    for event in EVENT_CLASSES
+}
+
+
 def event_fields(event: Event) -> dict[str, str]:
-    """Return the record fields an event sets besides the lifecycle fields, as strings."""
-    match event:
-        case Preflighted():
-            return {
-                "run_id": event.run_id,
-                "tool_call_id": event.tool_call_id,
-                "tool": event.tool,
-                "created_at_ms": str(event.at_ms),
-                "request_sha256": event.request_sha256,
-                "request_bytes": str(event.request_bytes),
-            }
-        case ProjectingStarted():
-            return {"raw_sha256": event.raw_sha256, "raw_bytes": str(event.raw_bytes)}
-        case Completed():
-            return {
-                "result_sha256": event.result_sha256,
-                "result_bytes": str(event.result_bytes),
-                "scope": event.scope,
-                "evidence_status": event.evidence_status.value,
-            }
-        case Failed():
-            fields = {"error_code": event.error_code.value}
-            if event.rejected_bytes is not None:
-                fields["rejected_bytes"] = str(event.rejected_bytes)
-            return fields
-    raise TypeError(f"not an event: {type(event).__name__}")  # pragma: no cover
+    """Return the record fields an event sets besides the lifecycle fields, as strings.
+
+    Those are the fields its type declares (a None is left out), and for the creating
+    event also ``created_at_ms``, its time.
+    """
+    fields = {"created_at_ms": str(event.at_ms)} if type(event) is Preflighted else {}
+    for name in _RECORD_FIELDS[type(event)]:
+        value = getattr(event, name)
+        if value is not None:
+            # str() of an int, and of a StrEnum its value: the record's spelling.
+            fields[name] = str(value)
+    return fields
 
 
 def fold(state: InvocationState | None, event: Event, hash_: str | None = None) -> InvocationState:

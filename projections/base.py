@@ -11,7 +11,7 @@ from eventstore.store import Store
 from eventstore.writer import now_ms
 from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.generations import group_name
-from projections.scripts import ProjectionScripts
+from projections.scripts import DeadLetterScript, ProjectionScripts, SettleScript, ShardKeys
 
 #: Most dead letters kept per shard; older ones are trimmed by length.
 DEAD_LETTER_CAP: Final = 10_000
@@ -63,19 +63,20 @@ class BaseProjection(ABC):
         """This projection's position hash in ``shard``."""
         return self.store.keys.position(shard, self._name)
 
-    def shard_keys(self, entries: Sequence[FeedEntry]) -> tuple[dict[int, int], list[str]]:
+    def shard_keys(self, entries: Sequence[FeedEntry]) -> tuple[dict[int, int], list[ShardKeys]]:
         """Number the shards of a batch 1, 2, ... and list their position and feed keys.
 
-        The keys open a batch script's KEYS (shard s: ``KEYS[2s - 1]``, ``KEYS[2s]``);
-        an entry names its shard by number in ARGV.
+        A batch script's items name their shard by that number.
         """
         numbers: dict[int, int] = {}
-        keys: list[str] = []
+        shards: list[ShardKeys] = []
         for entry in entries:
             if entry.shard not in numbers:
                 numbers[entry.shard] = len(numbers) + 1
-                keys += [self.position_key(entry.shard), self.store.keys.feed(entry.shard)]
-        return numbers, keys
+                shards.append(
+                    ShardKeys(self.position_key(entry.shard), self.store.keys.feed(entry.shard))
+                )
+        return numbers, shards
 
     async def settle(self, shard: int, entry_id: str, counter: str) -> Outcome:
         """Acknowledge an entry that yields no output, counting it under ``counter``.
@@ -83,15 +84,17 @@ class BaseProjection(ABC):
         ``counter`` is ``stale`` for an entry the projection already went past, else the
         reason it has nothing to project (``expired``, ``gone``).
         """
-        keys = self.store.keys
-        outcome, _ = await self.scripts.settle(
-            [self.position_key(shard), keys.feed(shard)],
-            group=self._name,
-            entry_id=entry_id,
-            counter=counter,
-            now=now_ms(),
+        settled = await self.scripts.settle(
+            SettleScript.arguments(
+                position=self.position_key(shard),
+                feed=self.store.keys.feed(shard),
+                group=self._name,
+                entry_id=entry_id,
+                counter=counter,
+                now_ms=now_ms(),
+            )
         )
-        if outcome == "duplicate":
+        if not settled:
             return Outcome.DUPLICATE
         return Outcome.STALE if counter == Outcome.STALE.value else Outcome.EXPIRED
 
@@ -110,21 +113,24 @@ class BaseProjection(ABC):
         Returns False when the entry had already been settled by another consumer.
         """
         keys = self.store.keys
-        args: list[str | int | bytes] = [
-            self._name,
-            entry_id,
-            reason,
-            error,
-            deliveries,
-            now_ms(),
-            DEAD_LETTER_CAP,
-        ]
+        pairs: list[bytes] = []
         for name, value in fields.items():
-            args += (b"f:" + name, value)
-        outcome, _ = await self.scripts.dead_letter(
-            [keys.dead_letters(shard), self.position_key(shard), keys.feed(shard)], args
+            pairs += (b"f:" + name, value)
+        return await self.scripts.dead_letter(
+            DeadLetterScript.arguments(
+                dead_letters=keys.dead_letters(shard),
+                position=self.position_key(shard),
+                feed=keys.feed(shard),
+                group=self._name,
+                entry_id=entry_id,
+                reason=reason,
+                error_type=error,
+                deliveries=deliveries,
+                now_ms=now_ms(),
+                cap=DEAD_LETTER_CAP,
+                fields=pairs,
+            )
         )
-        return outcome == "dead"
 
 
 def latest_per_invocation(entries: Sequence[FeedEntry]) -> dict[tuple[str, str], FeedEntry]:
@@ -157,7 +163,7 @@ def batch_outcomes(
     entries: Sequence[FeedEntry],
     produced: Mapping[tuple[int, str], Outcome],
     rest: Sequence[tuple[FeedEntry, Outcome]],
-    rest_replies: Sequence[tuple[str, str]],
+    rest_replies: Sequence[str],
 ) -> list[Outcome]:
     """The outcome of every entry of a batch, in order, from a batch script's replies.
 
@@ -166,7 +172,7 @@ def batch_outcomes(
     script answered them ("duplicate" when already settled).
     """
     outcomes = dict(produced)
-    for (entry, counter), (reply, _) in zip(rest, rest_replies, strict=True):
+    for (entry, counter), reply in zip(rest, rest_replies, strict=True):
         outcomes[(entry.shard, entry.entry_id)] = (
             Outcome.DUPLICATE if reply == "duplicate" else counter
         )

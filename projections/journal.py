@@ -1,7 +1,7 @@
 """The journal state of one invocation: what its event stream proves about its record.
 
 The journal is the invocation's event stream. It is audited with
-:func:`eventstore.audit.verify_fields` (decoding, hash chain, lifecycle, and the
+:func:`eventstore.audit.journal.verify_fields` (decoding, hash chain, lifecycle, and the
 record's fields against the fold). Receipts never read the request or the raw response,
 so the audit's payload-digest findings are left out here; the one payload a receipt
 shows, the bounded result, is checked on its own. Pure: no I/O.
@@ -18,12 +18,14 @@ import msgspec
 from eventstore.audit import verify_fields
 from eventstore.reader import InvocationRecord, StoredEvent
 from machine.codes import Stage
+from machine.events import PAYLOAD_FIELDS
 from machine.fold import InvocationState, state_from_record
 from machine.lifecycle import TERMINAL
 
 #: A PROJECTING record unchanged for longer than this is reported ``uncertain``.
 DEFAULT_STALE_AFTER_MS: Final = 5 * 60 * 1000
-_PAYLOADS: Final = ("request", "raw")
+#: The payloads a receipt never reads: every one but the bounded agent result.
+_PAYLOADS: Final = tuple(field for field in PAYLOAD_FIELDS if field != "result")
 #: The record fields :func:`record_view` reads as text: the state and the expiry.
 _STATE_FIELDS: Final = (*InvocationState.__struct_fields__, "expires_at_ms")
 

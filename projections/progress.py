@@ -29,6 +29,7 @@ from projections.facts import FactScan, extend_facts
 from projections.feed import FeedEntry, Outcome
 from projections.generations import current_generation
 from projections.runtime import Worker, WorkerOptions
+from projections.scripts import Unproduced, ViewPut, ViewsPutScript
 
 PROGRESS_PROJECTION: Final = "progress"
 
@@ -105,22 +106,40 @@ class ProgressProjection(BaseProjection):
         for run_id, index in finished_runs.items():
             scan = await self._facts(run_id)
             facts[index] = (_encoder.encode(scan.facts), scan.position)
-        numbers, script_keys = self.shard_keys(entries)
-        args: list[str | int | bytes] = [self.name, now_ms(), len(numbers), len(items)]
+        numbers, shards = self.shard_keys(entries)
+        views: list[ViewPut] = []
         for index, (entry, (status, evidence, version, updated)) in enumerate(items):
-            script_keys += [keys.run_view(entry.run_id, self.generation), keys.run(entry.run_id)]
             run_facts, covered = facts.get(index, (b"", 0))
-            args += [numbers[entry.shard], entry.entry_id, entry.tool_call_id, int(version)]
-            args += [status, evidence, int(updated), run_facts, covered]
+            views.append(
+                ViewPut(
+                    view=keys.run_view(entry.run_id, self.generation),
+                    run=keys.run(entry.run_id),
+                    shard=numbers[entry.shard],
+                    entry_id=entry.entry_id,
+                    tool_call_id=entry.tool_call_id,
+                    version=int(version),
+                    status=status,
+                    evidence_status=evidence,
+                    updated_at_ms=int(updated),
+                    facts=run_facts,
+                    covered=covered,
+                )
+            )
         rest = settled_without_output(entries, {(e.shard, e.entry_id) for e, _ in items}, expired)
-        for entry, counter in rest:
-            args += [numbers[entry.shard], entry.entry_id, counter.value]
-        replies = await self.scripts.views_put(script_keys, args)
+        reply = await self.scripts.views_put(
+            ViewsPutScript.arguments(
+                group=self.name,
+                now_ms=now_ms(),
+                shards=shards,
+                views=views,
+                unproduced=[Unproduced(numbers[e.shard], e.entry_id, c.value) for e, c in rest],
+            )
+        )
         produced = {
             (entry.shard, entry.entry_id): Outcome(outcome)
-            for (entry, _), (outcome, _) in zip(items, replies, strict=False)
+            for (entry, _), (outcome, _) in zip(items, reply.written, strict=True)
         }
-        return batch_outcomes(entries, produced, rest, replies[len(items) :])
+        return batch_outcomes(entries, produced, rest, reply.settled)
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the invocation version the run's view reflects (0 when none)."""

@@ -47,7 +47,7 @@ from projections.lag import feed_groups
 from projections.progress import ProgressProjection
 from projections.receipt_projection import ReceiptProjection
 from projections.runtime import Worker, default_consumer
-from projections.scripts import script_source
+from projections.scripts import FOLDER, SwitchGenerationScript
 
 log = get_logger("canon.projections")
 
@@ -66,10 +66,6 @@ _POLL_S: Final = 0.2
 
 class RebuildInProgress(CanonError):
     """Raised when another rebuild of the same projection holds the claim."""
-
-
-class RebuildLost(CanonError):
-    """Raised when this rebuild's claim was taken over before it could switch."""
 
 
 class RebuildReport(msgspec.Struct, frozen=True, kw_only=True):
@@ -153,9 +149,14 @@ class Rebuild:
             self.store, target, consumer=f"rebuild-{default_consumer()}", generation=generation
         )
         await worker.run(burst=True)
-        outcome, _ = await self._switch(claim, generation)
-        if outcome != "switched":
-            raise RebuildLost("the rebuild's claim was taken over before the switch")
+        await SwitchGenerationScript(self.store.client, FOLDER)(
+            SwitchGenerationScript.arguments(
+                meta=self.store.keys.meta(),
+                projection=self.projection,
+                token=claim,
+                generation=generation,
+            )
+        )
         switched_at = time.monotonic()
         log.info("rebuild_switched", projection=self.projection, generation=generation)
         await worker.run(burst=True)
@@ -252,14 +253,6 @@ class Rebuild:
     def _progress(self, outcomes: Counter[str]) -> None:
         if self.on_record is not None:
             self.on_record(sum(outcomes.values()))
-
-    async def _switch(self, claim: str, generation: int) -> tuple[str, int]:
-        script = self.store.client.register_script(script_source("switch_generation"))
-        async with redis_errors():
-            reply = await script(
-                keys=[self.store.keys.meta()], args=[self.projection, claim, generation]
-            )
-        return reply_text(reply[0]), int(reply[1])
 
     async def _await_departure(self, group: str, switched_at: float) -> bool:
         """Wait until ``group`` has no consumer left; False when ``grace_s`` passes first.

@@ -37,6 +37,7 @@ from projections.receipt_snapshot import (
 )
 from projections.receipts import encode_receipt
 from projections.runtime import Worker, WorkerOptions
+from projections.scripts import ReadSnapshotsScript, ReceiptPut, ReceiptsPutScript, Unproduced
 
 RECEIPT_PROJECTION: Final = "receipts"
 _VERSION_MEMORY: Final = 65536
@@ -78,50 +79,58 @@ class ReceiptProjection(BaseProjection):
             if entry.version > self._stored.get(invocation, 0) or not entry.entry_id
         ]
         snapshots = await self._read(build)
-        numbers, keys = self.shard_keys(entries)
-        receipts: list[str | int | bytes] = []
+        numbers, shards = self.shard_keys(entries)
+        receipts: list[ReceiptPut] = []
         built: list[FeedEntry] = []
         expired: set[tuple[str, str]] = set()
         for entry, snapshot in zip(build, snapshots, strict=True):
             if not snapshot.fields:
                 expired.add((entry.run_id, entry.tool_call_id))
                 continue
-            keys += [
-                self.receipt_key(entry.run_id, entry.tool_call_id),
-                self.store.keys.record(entry.run_id, entry.tool_call_id),
-            ]
-            body = encode_receipt(receipt_of(self.store, snapshot))
-            receipts += [numbers[entry.shard], entry.entry_id, snapshot.version, body]
+            receipts.append(
+                ReceiptPut(
+                    receipt_key=self.receipt_key(entry.run_id, entry.tool_call_id),
+                    record=self.store.keys.record(entry.run_id, entry.tool_call_id),
+                    shard=numbers[entry.shard],
+                    entry_id=entry.entry_id,
+                    version=snapshot.version,
+                    receipt=encode_receipt(receipt_of(self.store, snapshot)),
+                )
+            )
             built.append(entry)
         rest = settled_without_output(entries, {(e.shard, e.entry_id) for e in built}, expired)
-        for entry, counter in rest:
-            receipts += [numbers[entry.shard], entry.entry_id, counter.value]
-        replies = await self.scripts.receipts_put(
-            keys, [self.name, now_ms(), len(numbers), len(built), *receipts]
+        reply = await self.scripts.receipts_put(
+            ReceiptsPutScript.arguments(
+                group=self.name,
+                now_ms=now_ms(),
+                shards=shards,
+                receipts=receipts,
+                unproduced=[Unproduced(numbers[e.shard], e.entry_id, c.value) for e, c in rest],
+            )
         )
         produced: dict[tuple[int, str], Outcome] = {}
-        for entry, (outcome, version) in zip(built, replies, strict=False):
-            if outcome in (Outcome.APPLIED.value, Outcome.STALE.value) and version.isdigit():
-                self._remember((entry.run_id, entry.tool_call_id), int(version))
+        for entry, (outcome, version) in zip(built, reply.written, strict=True):
+            if outcome in (Outcome.APPLIED.value, Outcome.STALE.value):
+                self._remember((entry.run_id, entry.tool_call_id), version)
             produced[(entry.shard, entry.entry_id)] = Outcome(outcome)
-        return batch_outcomes(entries, produced, rest, replies[len(built) :])
+        return batch_outcomes(entries, produced, rest, reply.settled)
 
     async def _read(self, entries: Sequence[FeedEntry]) -> list[ReceiptSnapshot]:
         """The snapshots of the entries' invocations, read by one script call."""
         if not entries:
             return []
-        keys: list[str] = []
-        for entry in entries:
-            keys += [
-                self.store.keys.record(entry.run_id, entry.tool_call_id),
-                self.store.keys.stream(entry.run_id, entry.tool_call_id),
-            ]
-        replies = await self.scripts.read_snapshots(keys, RECEIPT_FIELDS)
+        keys = self.store.keys
+        replies = await self.scripts.read_snapshots(
+            ReadSnapshotsScript.arguments(
+                invocations=[
+                    (keys.record(e.run_id, e.tool_call_id), keys.stream(e.run_id, e.tool_call_id))
+                    for e in entries
+                ],
+                fields=RECEIPT_FIELDS,
+            )
+        )
         observed = now_ms()
-        return [
-            receipt_snapshot_of(replies[index], replies[index + 1], observed)
-            for index in range(0, len(replies), 2)
-        ]
+        return [receipt_snapshot_of(values, stream, observed) for values, stream in replies]
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the version of the materialized receipt (0 when there is none)."""

@@ -25,7 +25,7 @@ from redis.asyncio import Redis
 
 from canon.bench.throughput import BenchError, Sample, ThroughputBench
 from canon.bench.workload import TOOL, FloorArgs, Payloads, tool_call_id_for
-from eventstore.scripts import script_source
+from eventstore.scripts import FOLDER, AppendScript, CreateScript
 from eventstore.store import Store
 from eventstore.writer import now_ms
 
@@ -93,8 +93,8 @@ class Filler:
         """Open the fill's runs and load the scripts."""
         for run_id in self._runs:
             await self._store.open_run(run_id, deadline=timedelta(hours=6), tools={TOOL: None})
-        for name in ("create", "append"):
-            self._shas[name] = await self._bare.script_load(script_source(name))
+        for script in (CreateScript, AppendScript):
+            self._shas[script.name] = await self._bare.script_load(FOLDER.source(script.name))
 
     def _commands(self, number: int) -> list[tuple[str, tuple[Any, ...]]]:
         run_id = self._runs[number % _RUNS]

@@ -31,7 +31,7 @@ from canon.bench.workload import (
 from eventstore.boundary import ToolBoundary
 from eventstore.contracts import RunContext, ToolEnvelope, ToolResult
 from eventstore.errors import CanonError
-from eventstore.scripts import script_source
+from eventstore.scripts import FOLDER, AppendScript, CreateScript
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import EvidenceStatus
@@ -151,8 +151,8 @@ class ThroughputBench:
 
     async def prepare(self) -> None:
         """Load the scripts the floor calls by SHA."""
-        for name in ("create", "append"):
-            self._shas[name] = await self._bare.script_load(script_source(name))
+        for script in (CreateScript, AppendScript):
+            self._shas[script.name] = await self._bare.script_load(FOLDER.source(script.name))
 
     async def _server_cpu_s(self) -> float:
         info = await self._bare.info("cpu")

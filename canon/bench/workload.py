@@ -12,16 +12,22 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from redis.typing import EncodableT
+
 from eventstore.contracts import Projection, ToolCall, ToolSpec
 from eventstore.keys import Keys
+from eventstore.scripts import AppendScript, CreateScript
 from machine.codes import EvidenceStatus
 from machine.events import (
     GENESIS_HASH,
+    PAYLOAD_OF,
     Completed,
+    Event,
     Preflighted,
     ProjectingStarted,
     encode_event,
     event_hash,
+    event_type,
     payload_digest,
 )
 from machine.fold import event_fields
@@ -93,11 +99,13 @@ def boundary_tool(payloads: Payloads) -> ToolSpec:
     return ToolSpec(executor=execute, projector=project)
 
 
-def _pairs(fields: dict[str, str], name: str, payload: bytes) -> list[str | bytes]:
-    pairs: list[str | bytes] = []
-    for key, value in fields.items():
+def _pairs(event: Event, payload: bytes) -> list[EncodableT]:
+    """The record field/value pairs the Writer sends with ``event`` and its payload."""
+    pairs: list[EncodableT] = []
+    for key, value in event_fields(event).items():
         pairs += (key, value)
-    return [*pairs, name, payload]
+    field = PAYLOAD_OF[event_type(event)].payload
+    return [*pairs, field, payload] if field is not None else pairs
 
 
 class FloorArgs:
@@ -106,7 +114,8 @@ class FloorArgs:
     Encoded events, hashes and payload fields are built once from real events with ids of
     the same length as the benchmark's; only keys and ids change per invocation. The
     hashes chain (each call's previous hash is the hash the call before stored), so
-    ``append.lua`` runs every check and the fold exactly as for a Writer event.
+    ``append.lua`` runs every check and the fold exactly as for a Writer event. KEYS and
+    ARGV are put in place by the scripts' wrappers, as for the Writer.
     """
 
     def __init__(self, keys: Keys, payloads: Payloads, *, at_ms: int) -> None:
@@ -123,19 +132,17 @@ class FloorArgs:
             event_id=event_id,
             at_ms=at_ms,
         )
-        self._hashes = [event_hash(encode_event(pre))]
         started = ProjectingStarted(
             version=2,
-            prev_hash=self._hashes[0],
+            prev_hash=event_hash(encode_event(pre)),
             raw_sha256=payload_digest(payloads.raw),
             raw_bytes=len(payloads.raw),
             event_id=event_id,
             at_ms=at_ms,
         )
-        self._hashes.append(event_hash(encode_event(started)))
         done = Completed(
             version=3,
-            prev_hash=self._hashes[1],
+            prev_hash=event_hash(encode_event(started)),
             result_sha256=payload_digest(payloads.result),
             result_bytes=len(payloads.result),
             evidence_status=EvidenceStatus.EVIDENCE_FOUND,
@@ -143,78 +150,63 @@ class FloorArgs:
             event_id=event_id,
             at_ms=at_ms,
         )
-        self._hashes.append(event_hash(encode_event(done)))
-        self._events = [encode_event(pre), encode_event(started), encode_event(done)]
-        pre_fields = event_fields(pre)
-        self._create_tail: list[str | bytes | int] = [
-            at_ms,
-            TTL_MS,
-            RETENTION_MS,
-            1,
-            GENESIS_HASH,
-        ]
-        self._create_fields = [
-            "tool",
-            TOOL,
-            "created_at_ms",
-            pre_fields["created_at_ms"],
-            "request_sha256",
-            pre_fields["request_sha256"],
-            "request_bytes",
-            pre_fields["request_bytes"],
-            "request",
-            payloads.request,
-        ]
-        self._started_pairs = _pairs(event_fields(started), "raw", payloads.raw)
-        self._done_pairs = _pairs(event_fields(done), "result", payloads.result)
+        self._events: list[Event] = [pre, started, done]
+        self._encoded = [encode_event(event) for event in self._events]
+        self._hashes = [event_hash(encoded) for encoded in self._encoded]
+        self._create_pairs = _pairs(pre, payloads.request)
+        # The ids are the only fields that change per invocation.
+        self._run_at = self._create_pairs.index("run_id") + 1
+        self._call_at = self._create_pairs.index("tool_call_id") + 1
+        self._append_pairs = [_pairs(started, payloads.raw), _pairs(done, payloads.result)]
         self._at_ms = at_ms
 
     def create(self, run_id: str, tool_call_id: str, invocation_id: str) -> tuple[Any, ...]:
         """``numkeys, *keys, *args`` of the creation call."""
         k = self._keys
-        return (
-            5,
-            k.record(run_id, tool_call_id),
-            k.stream(run_id, tool_call_id),
-            k.feed_of(run_id),
-            k.run(run_id),
-            k.control_of(run_id),
-            EVENT_ID,
-            self._hashes[0],
-            self._events[0],
-            run_id,
-            tool_call_id,
-            TOOL,
-            invocation_id,
-            *self._create_tail,
-            "run_id",
-            run_id,
-            "tool_call_id",
-            tool_call_id,
-            *self._create_fields,
+        fields = self._create_pairs.copy()
+        fields[self._run_at], fields[self._call_at] = run_id, tool_call_id
+        keys, args = CreateScript.arguments(
+            record=k.record(run_id, tool_call_id),
+            stream=k.stream(run_id, tool_call_id),
+            feed=k.feed_of(run_id),
+            run=k.run(run_id),
+            control=k.control_of(run_id),
+            event_id=EVENT_ID,
+            event_hash=self._hashes[0],
+            event=self._encoded[0],
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=TOOL,
+            invocation_id=invocation_id,
+            at_ms=self._at_ms,
+            ttl_ms=TTL_MS,
+            retention_ms=RETENTION_MS,
+            version=1,
+            prev_hash=GENESIS_HASH,
+            fields=fields,
         )
+        return (len(keys), *keys, *args)
 
     def append(self, run_id: str, tool_call_id: str, version: int) -> tuple[Any, ...]:
         """``numkeys, *keys, *args`` of the ProjectingStarted (2) or Completed (3) call."""
         k = self._keys
-        kind = "ProjectingStarted" if version == 2 else "Completed"
-        pairs = self._started_pairs if version == 2 else self._done_pairs
-        return (
-            5,
-            k.record(run_id, tool_call_id),
-            k.stream(run_id, tool_call_id),
-            k.feed_of(run_id),
-            k.progress(run_id),
-            k.run(run_id),
-            kind,
-            version,
-            EVENT_ID,
-            self._hashes[version - 2],
-            self._hashes[version - 1],
-            self._events[version - 1],
-            self._at_ms,
-            RETENTION_MS,
-            run_id,
-            tool_call_id,
-            *pairs,
+        event = self._events[version - 1]
+        keys, args = AppendScript.arguments(
+            record=k.record(run_id, tool_call_id),
+            stream=k.stream(run_id, tool_call_id),
+            feed=k.feed_of(run_id),
+            progress=k.progress(run_id),
+            run=k.run(run_id),
+            event_type=event_type(event),
+            version=version,
+            event_id=EVENT_ID,
+            prev_hash=self._hashes[version - 2],
+            event_hash=self._hashes[version - 1],
+            event=self._encoded[version - 1],
+            at_ms=self._at_ms,
+            retention_ms=RETENTION_MS,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            fields=self._append_pairs[version - 2],
         )
+        return (len(keys), *keys, *args)

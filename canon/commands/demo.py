@@ -21,7 +21,7 @@ from canon.connection import ConnectionSettingsError, add_connection_args, open_
 from canon.demo.harness import DemoRun, drive, planned_calls
 from canon.exitcodes import RET_OK, RET_USAGE
 from canon.logs import configure_logging
-from eventstore.audit_tools import replay_invocation
+from eventstore.audit import replay_invocation
 from eventstore.embedded import EmbeddedRedisError
 from eventstore.errors import CanonError
 from eventstore.store import Store

@@ -18,7 +18,7 @@ import msgspec
 from canon.commands.readonly import fail, run_read_only
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
-from eventstore.audit_tools import export_run
+from eventstore.audit import export_run
 from eventstore.store import Store
 from machine.ids import is_run_id
 

@@ -15,7 +15,7 @@ from rich.console import Console
 
 from canon.connection import configured_url
 from canon.exitcodes import RET_USAGE
-from eventstore.audit_tools import open_read_only
+from eventstore.audit import open_read_only
 from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.store import Store
 

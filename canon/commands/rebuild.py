@@ -23,12 +23,11 @@ from canon.commands.readonly import fail, stdout_console
 from canon.connection import ConnectionSettingsError, add_connection_args, open_store
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from canon.service import add_logging_args, setup_logging
-from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.errors import InvalidArgument, RebuildLost, StoreUnavailable
 from projections.rebuild import (
     PROJECTIONS,
     Rebuild,
     RebuildInProgress,
-    RebuildLost,
     RebuildReport,
 )
 

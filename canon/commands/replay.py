@@ -14,7 +14,7 @@ from rich.table import Table
 from canon.commands.readonly import fail, run_read_only, stdout_console
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
-from eventstore.audit_tools import InvocationReplay, replay_invocation, replay_run
+from eventstore.audit import InvocationReplay, replay_invocation, replay_run
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
 from machine.ids import is_run_id, is_tool_call_id

@@ -18,7 +18,7 @@ from rich.table import Table
 from canon.commands.readonly import fail, run_read_only, stdout_console
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
-from eventstore.audit_tools import NamespaceStatus, namespace_status
+from eventstore.audit import NamespaceStatus, namespace_status
 from eventstore.store import Store
 
 

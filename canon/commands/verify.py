@@ -21,8 +21,8 @@ from rich.table import Table
 from canon.commands.readonly import fail, run_read_only, stdout_console
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
-from eventstore.audit_tools import NamespaceVerifier, VerifyProblem, VerifySummary
-from eventstore.audit_tools.verify import DEFAULT_BATCH
+from eventstore.audit import NamespaceVerifier, VerifyProblem, VerifySummary
+from eventstore.audit.verify import DEFAULT_BATCH
 from eventstore.store import Store
 
 

@@ -4,25 +4,34 @@
 -- can become immortal), a retried event id is answered as applied, the expected version,
 -- the hash chain, the lifecycle transition and the evidence rule. Then folds the event
 -- into the record, appends it to the stream (field e only, as create.lua does) and one
--- entry to the shard feed, which it trims by age (feed_trim.lua). A terminal event also appends the call's identity to the run's
--- progress list. No TTL is touched except the progress list's, set once when that list
+-- entry to the shard feed, which it trims by age (feed_trim.lua). A terminal event also
+-- appends the call's identity to the run's progress list. No TTL is touched except the progress list's, set once when that list
 -- is created.
 --
--- KEYS[1] record hash   KEYS[2] event stream   KEYS[3] shard feed
--- KEYS[4] run progress list                    KEYS[5] run registry hash
--- ARGV[1] event type    ARGV[2] version        ARGV[3] event id
--- ARGV[4] previous hash ARGV[5] event hash     ARGV[6] encoded event
--- ARGV[7] event time (ms)                      ARGV[8] feed retention (ms)
--- ARGV[9] run id        ARGV[10] tool call id
--- ARGV[11..] field/value pairs the event sets (payloads included)
+-- KEYS[1] record          record hash
+-- KEYS[2] stream          event stream
+-- KEYS[3] feed            shard feed
+-- KEYS[4] progress        run progress list
+-- KEYS[5] run             run registry hash
+-- ARGV[1] event_type      event type
+-- ARGV[2] version         event version
+-- ARGV[3] event_id        event id
+-- ARGV[4] prev_hash       previous event's hash
+-- ARGV[5] event_hash      this event's hash
+-- ARGV[6] event           encoded event
+-- ARGV[7] at_ms           event time (ms)
+-- ARGV[8] retention_ms    feed retention (ms)
+-- ARGV[9] run_id          run id
+-- ARGV[10] tool_call_id   tool call id
+-- ARGV[11..] (field, value)...  the record fields the event sets (payloads included)
 --
 -- Reply: {"ok", version, feed entry id, expires_at_ms}
 --        {"applied", version, "", expires_at_ms}
 --        {"refused", CODE, current version}   CODE is one of RECORD_EXPIRED,
 --        VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION, INVALID_EVIDENCE_STATUS,
 --        MISSING_ERROR_CODE, PROTECTED_FIELD
--- @lifecycle-tables
--- @feed-trim
+-- @include lifecycle_tables
+-- @include feed_trim
 
 local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_type, version, event_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]

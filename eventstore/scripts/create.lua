@@ -8,13 +8,24 @@
 -- event only (field e): its hash becomes the record's last_hash and the next event's
 -- previous hash, so storing it beside the event again would add nothing.
 --
--- KEYS[1] record hash        KEYS[2] event stream      KEYS[3] shard feed
--- KEYS[4] run registry hash  KEYS[5] shard control hash
--- ARGV[1] event id           ARGV[2] event hash        ARGV[3] encoded event
--- ARGV[4] run id             ARGV[5] tool call id      ARGV[6] tool name
--- ARGV[7] invocation id      ARGV[8] event time (ms)   ARGV[9] record TTL (ms)
--- ARGV[10] feed retention (ms)  ARGV[11] event version   ARGV[12] previous hash
--- ARGV[13..] field/value pairs the event sets (payloads included)
+-- KEYS[1] record          record hash
+-- KEYS[2] stream          event stream
+-- KEYS[3] feed            shard feed
+-- KEYS[4] run             run registry hash
+-- KEYS[5] control         shard control hash
+-- ARGV[1] event_id        event id
+-- ARGV[2] event_hash      event hash
+-- ARGV[3] event           encoded event
+-- ARGV[4] run_id          run id
+-- ARGV[5] tool_call_id    tool call id
+-- ARGV[6] tool            tool name
+-- ARGV[7] invocation_id   invocation id
+-- ARGV[8] at_ms           event time (ms)
+-- ARGV[9] ttl_ms          record TTL (ms)
+-- ARGV[10] retention_ms   feed retention (ms)
+-- ARGV[11] version        event version (must be 1)
+-- ARGV[12] prev_hash      previous hash (must be the genesis hash)
+-- ARGV[13..] (field, value)...  the record fields the event sets (payloads included)
 --
 -- Reply: {"ok", 1, feed entry id, expires_at_ms}
 --        {"applied", 1, "", expires_at_ms}   the same event id was already applied
@@ -22,8 +33,8 @@
 --        is not 1), CHAIN_BROKEN (previous hash is not the genesis hash), RUN_INACTIVE,
 --        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED,
 --        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
--- @lifecycle-tables
--- @feed-trim
+-- @include lifecycle_tables
+-- @include feed_trim
 
 local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_id, event_hash, event_data = ARGV[1], ARGV[2], ARGV[3]

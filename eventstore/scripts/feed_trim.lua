@@ -1,4 +1,4 @@
--- feed_trim.lua: pasted at "-- @feed-trim" into the scripts that add shard feed entries.
+-- feed_trim.lua: pasted at "-- @include feed_trim" into the scripts that add shard feed entries.
 --
 -- trim_feed(feed, now_ms, retention_ms) removes entries older than the retention, but
 -- never one that some consumer group still needs: the bound is the smallest, over the

@@ -3,10 +3,12 @@
 -- The run hash expires when its last possible record does (deadline + record TTL), so
 -- duplicate detection covers every record the run can own.
 --
--- KEYS[1] run registry hash
--- ARGV[1] token SHA-256      ARGV[2] deadline (ms since epoch)   ARGV[3] record TTL (ms)
--- ARGV[4] run budget ('' for none)
--- ARGV[5..] tool/budget pairs (budget '' for none)
+-- KEYS[1] run             run registry hash
+-- ARGV[1] token_sha256    SHA-256 of the run's access token
+-- ARGV[2] deadline_ms     deadline (ms since epoch)
+-- ARGV[3] ttl_ms          record TTL (ms)
+-- ARGV[4] budget          run budget ('' for none)
+-- ARGV[5..] (tool, tool_budget)...  granted tools, each with its budget ('' for none)
 --
 -- Reply: {"ok", expires_at_ms} | {"refused", "RUN_EXISTS"} | {"refused", "DEADLINE_PASSED"}
 

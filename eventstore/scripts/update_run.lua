@@ -3,8 +3,8 @@
 -- Used to close a run and to revoke a tool. HSET on a missing key would create a run
 -- without expiry, so the existence check and the write are one step.
 --
--- KEYS[1] run registry hash
--- ARGV[1..] field/value pairs
+-- KEYS[1] run             run registry hash
+-- ARGV[1..] (field, value)...  the fields to set
 --
 -- Reply: 1 when updated, 0 when the run does not exist.
 

@@ -4,14 +4,20 @@
 -- delivery count and copies the entry's fields (prefixed "f:"); then the entry is acked,
 -- so it is never retried again. The dead-letter stream is capped by length.
 --
--- KEYS[1] dead-letter stream   KEYS[2] position hash   KEYS[3] shard feed
--- ARGV[1] consumer group       ARGV[2] feed entry id   ARGV[3] reason
--- ARGV[4] last error type      ARGV[5] deliveries      ARGV[6] now (ms)
--- ARGV[7] dead-letter cap (entries)
--- ARGV[8..] the entry's field/value pairs, names already prefixed
+-- KEYS[1] dead_letters    dead-letter stream
+-- KEYS[2] position        position hash
+-- KEYS[3] feed            shard feed
+-- ARGV[1] group           consumer group
+-- ARGV[2] entry_id        feed entry id
+-- ARGV[3] reason          why the entry is dead-lettered
+-- ARGV[4] error_type      last error type
+-- ARGV[5] deliveries      how often the entry was delivered
+-- ARGV[6] now_ms          now (ms)
+-- ARGV[7] cap             dead-letter cap (entries)
+-- ARGV[8..] (field, value)...  the entry's fields, names already prefixed
 --
 -- Reply: {"dead", dead-letter entry id} | {"duplicate", 0} (already settled; nothing changed)
--- @position-helpers
+-- @include helpers
 
 local dead, position, feed = KEYS[1], KEYS[2], KEYS[3]
 local group, entry_id, reason, error_type = ARGV[1], ARGV[2], ARGV[3], ARGV[4]

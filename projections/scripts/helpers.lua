@@ -1,4 +1,4 @@
--- helpers.lua: shared by every projection script; pasted at "-- @position-helpers".
+-- helpers.lua: shared by the projection scripts; pasted at "-- @include helpers".
 --
 -- is_pending(feed, group, entry_id)  true while the entry waits for an ack in the group.
 -- settle_entry(position, feed, group, entry_id, counter, now_ms)

@@ -4,8 +4,8 @@
 -- between a record and its stream. Reads only; the field names come once per batch
 -- instead of once per invocation.
 --
--- KEYS[2i - 1] record hash of invocation i    KEYS[2i] its event stream
--- ARGV the record fields to read
+-- KEYS[1..] (record, stream)...   record hash and event stream of invocation i
+-- ARGV[1..] (field)...             the record fields to read
 --
 -- Reply: for each invocation, the HMGET values and the XRANGE entries.
 

@@ -4,8 +4,10 @@
 -- the rebuild that asks still holds the projection's rebuild claim, so a rebuild that
 -- was taken over can never switch to its half-built generation.
 --
--- KEYS[1] namespace metadata hash
--- ARGV[1] projection   ARGV[2] claim token   ARGV[3] new generation
+-- KEYS[1] meta            namespace metadata hash
+-- ARGV[1] projection      the projection
+-- ARGV[2] token           the rebuild's claim token
+-- ARGV[3] generation      the new generation
 --
 -- Reply: {"switched", previous generation} | {"lost", 0} (the claim is not ours)
 

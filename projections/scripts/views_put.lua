@@ -7,22 +7,30 @@
 -- Every entry is counted, moves the position and is acknowledged exactly once (an entry
 -- no longer pending is answered "duplicate" and changes nothing); an empty entry id
 -- writes the view alone (a rebuild from the records settles no entry). A batch may span
--- the shards of one server; on a cluster it holds one shard.
+-- the shards of one server; on a cluster it holds one shard. The loop is batch_put.lua's.
 --
--- KEYS[2s - 1], KEYS[2s]  position hash and feed of the batch's shard s (s = 1 .. S)
--- KEYS[2S + 2i - 1]       progress view hash of item i    KEYS[2S + 2i] its run registry hash
--- ARGV[1] consumer group  ARGV[2] now (ms)  ARGV[3] S  ARGV[4] n, the number of items
--- ARGV[5 + 9(i - 1)] ..   shard number, entry id, tool call id, record version, public
---                         status, evidence status, record updated_at_ms, facts JSON (''
---                         when not recomputed), identities the facts cover; of item i
--- ARGV[5 + 9n] ..         then triples: shard number, entry id, counter ("stale" |
---                         "expired") of entries settled without output
+-- KEYS[1..2S] (position, feed)...   position hash and feed of the batch's shard s = 1 .. S
+-- KEYS[2S+1..] (view, run)...       progress view hash of item i and its run registry hash
+-- ARGV[1] group           consumer group
+-- ARGV[2] now_ms          now (ms)
+-- ARGV[3] shards          S, the number of shards in the batch
+-- ARGV[4] items           n, the number of items
+-- ARGV[5..] (shard, entry_id, tool_call_id, version, status, evidence_status,
+--           updated_at_ms, facts, covered)...
+--                         of item i: shard number, entry id, tool call id, record version,
+--                         public status, evidence status, record updated_at_ms, facts JSON
+--                         ('' when not recomputed), identities the facts cover
+-- ARGV[5+9n..] (shard, entry_id, counter)...   entries settled without output, counted
+--                         under counter ("stale" | "expired")
 --
 -- Reply: for each item its outcome ("applied" | "stale" | "expired" | "duplicate") and
 --        version, then for each settled entry "settled" or "duplicate" and 0.
--- @position-helpers
+-- @include helpers
+-- @include batch_put
 
-local function put(view, run, call, version, status, evidence, updated_ms, facts, covered)
+local function put(view, run, a)
+  local call, version, status, evidence = ARGV[a], tonumber(ARGV[a + 1]), ARGV[a + 2], ARGV[a + 3]
+  local updated_ms, facts, covered = ARGV[a + 4], ARGV[a + 5], ARGV[a + 6]
   local run_expiry = redis.call('HGET', run, 'expires_at_ms')
   if not run_expiry then return 'expired', 0 end
   local outcome, reply_version = 'applied', version
@@ -53,27 +61,4 @@ local function put(view, run, call, version, status, evidence, updated_ms, facts
   return outcome, reply_version
 end
 
-local group, now_ms = ARGV[1], ARGV[2]
-local shards, n = tonumber(ARGV[3]), tonumber(ARGV[4])
-local reply = {}
-
-for i = 1, n do
-  local a = 5 + 9 * (i - 1)
-  local s = tonumber(ARGV[a])
-  local position, feed = KEYS[2 * s - 1], KEYS[2 * s]
-  local entry_id = ARGV[a + 1]
-  local settles = entry_id ~= ''
-  local outcome, reply_version = 'duplicate', 0
-  if not settles or is_pending(feed, group, entry_id) then
-    outcome, reply_version = put(KEYS[2 * shards + 2 * i - 1], KEYS[2 * shards + 2 * i],
-      ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4], ARGV[a + 5], ARGV[a + 6], ARGV[a + 7],
-      ARGV[a + 8])
-    if settles then
-      settle_entry(position, feed, group, entry_id, outcome, now_ms)
-    end
-  end
-  reply[#reply + 1] = outcome
-  reply[#reply + 1] = reply_version
-end
-
-return settle_rest(group, now_ms, 5 + 9 * n, reply)
+return put_batch(9, put)

@@ -38,7 +38,7 @@ async def cut(start_server: Any, proxy_to: Any, namespace: str) -> AsyncIterator
             # Loaded up front, so the lost reply is the script's, never a NOSCRIPT.
             scripts = Scripts(store.client)  # the store registers the same sources
             for script in (scripts.create, scripts.append):
-                assert await admin.script_load(script.script) == script.sha
+                assert await admin.script_load(script.source) == script.sha
             yield store, proxy, admin
     finally:
         await admin.aclose()

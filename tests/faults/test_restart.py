@@ -13,7 +13,7 @@ from datetime import timedelta
 from typing import Any
 
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope
-from eventstore.audit_tools import NamespaceVerifier
+from eventstore.audit import NamespaceVerifier
 from eventstore.contracts import ToolError, ToolResult, ToolSpec
 from eventstore.embedded import EmbeddedRedis
 from eventstore.writer import Head

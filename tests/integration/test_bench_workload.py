@@ -15,7 +15,7 @@ from canon.bench.workload import (
     run_id_for,
     tool_call_id_for,
 )
-from eventstore.scripts import script_source
+from eventstore.scripts import FOLDER
 from eventstore.server_settings import RECOMMENDED_SETTINGS
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -24,8 +24,8 @@ from machine.ids import invocation_id
 
 
 async def _floor_lifecycle(redis: Redis, args: FloorArgs, run_id: str, call: str) -> None:
-    create = await redis.script_load(script_source("create"))
-    append = await redis.script_load(script_source("append"))
+    create = await redis.script_load(FOLDER.source("create"))
+    append = await redis.script_load(FOLDER.source("append"))
     replies = [
         await redis.evalsha(create, *args.create(run_id, call, invocation_id(run_id, call))),
         await redis.evalsha(append, *args.append(run_id, call, 2)),

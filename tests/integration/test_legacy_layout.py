@@ -20,7 +20,7 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.audit_tools import open_read_only
+from eventstore.audit import open_read_only
 from eventstore.errors import NamespaceMismatch
 from eventstore.keys import LAYOUT, LEGACY_LAYOUT, shard_of
 from machine.codes import ErrorCode

@@ -21,7 +21,7 @@ from redis.crc import key_slot
 
 from canon.cli import main
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.audit_tools import (
+from eventstore.audit import (
     NamespaceVerifier,
     export_run,
     open_read_only,

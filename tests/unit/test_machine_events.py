@@ -6,10 +6,13 @@ import msgspec
 import pytest
 
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.compact import COMPACT_LAYOUT, EVIDENCE_CODES, TYPE_CODES, is_compact
+from machine.compact import EVIDENCE_CODES, TYPE_CODES, is_compact
 from machine.events import (
+    COMPACT_LAYOUT,
     EVENT_TYPES,
     GENESIS_HASH,
+    PAYLOAD_FIELDS,
+    PAYLOAD_OF,
     SCHEMA_VERSION,
     Completed,
     Event,
@@ -190,3 +193,24 @@ def test_events_are_frozen() -> None:
     event = make_event("Preflighted", None)
     with pytest.raises(AttributeError):
         event.version = 2  # type: ignore[misc]
+
+
+def test_payload_fields_are_read_from_the_declaration() -> None:
+    """Each payload's record field, digest and size come from the event Structs' marks."""
+    assert PAYLOAD_FIELDS == {
+        "request": ("request_sha256", "request_bytes"),
+        "raw": ("raw_sha256", "raw_bytes"),
+        "result": ("result_sha256", "result_bytes"),
+    }
+    assert PAYLOAD_OF["Failed"] == (None, None, "rejected_bytes")
+
+
+@pytest.mark.parametrize("kind", EVENT_TYPES)
+def test_digests_and_ids_are_stored_as_bytes(kind: str) -> None:
+    """Every field declared hex (digests, event ids, the chain hash) is bytes in the array."""
+    hex_fields = {"event_id", "prev_hash"} | {
+        name for name in COMPACT_LAYOUT[kind] if name.endswith("_sha256")
+    }
+    items = msgspec.msgpack.decode(encode_event(make_event(kind, None, prev_hash="ab" * 32)))
+    for position, name in enumerate(COMPACT_LAYOUT[kind], start=2):
+        assert isinstance(items[position], bytes) == (name in hex_fields), name

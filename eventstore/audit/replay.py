@@ -11,7 +11,7 @@ from typing import cast
 
 import msgspec
 
-from eventstore.audit_tools.checks import (
+from eventstore.audit.checks import (
     CHAIN_REASONS,
     DIGEST_REASONS,
     RECORD_REASONS,
@@ -22,8 +22,8 @@ from eventstore.audit_tools.checks import (
     problems_of,
     record_text,
 )
-from eventstore.audit_tools.readonly import Snapshot, read_snapshot
-from eventstore.audit_tools.timeline import TimelineStep, replay_timeline
+from eventstore.audit.readonly import Snapshot, read_snapshot
+from eventstore.audit.timeline import TimelineStep, replay_timeline
 from eventstore.errors import redis_errors
 from eventstore.keys import split_identity
 from eventstore.store import Store

@@ -16,18 +16,17 @@ from typing import Any, Final
 
 import msgspec
 
-from eventstore.audit_tools.checks import problems_of
-from eventstore.audit_tools.readonly import Snapshot, read_snapshot
-from eventstore.audit_tools.replay import run_tool_call_ids
+from eventstore.audit.checks import problems_of
+from eventstore.audit.readonly import Snapshot, read_snapshot
+from eventstore.audit.replay import run_tool_call_ids
 from eventstore.reader import StoredEvent
 from eventstore.store import Store
-from machine.events import stored_document
+from machine.events import PAYLOAD_FIELDS, stored_document
 from machine.fold import InvocationState
 from machine.ids import invocation_id, is_run_id
 
 #: Format marker of the export header line.
 EXPORT_FORMAT: Final = "canon.export.v1"
-PAYLOAD_FIELDS: Final = ("request", "raw", "result")
 _METADATA_FIELDS: Final = frozenset(InvocationState.__struct_fields__) | {
     "invocation_id",
     "expires_at_ms",

@@ -18,8 +18,8 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from eventstore.audit_tools.checks import problems_of
-from eventstore.audit_tools.readonly import Snapshot, queue_snapshot, read_snapshot, snapshot_of
+from eventstore.audit.checks import problems_of
+from eventstore.audit.readonly import Snapshot, queue_snapshot, read_snapshot, snapshot_of
 from eventstore.errors import redis_errors
 from eventstore.store import Store
 from machine.ids import invocation_id

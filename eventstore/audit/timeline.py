@@ -10,16 +10,7 @@ import msgspec
 
 from eventstore.reader import StoredEvent
 from machine.codes import EvidenceStatus, Stage, Status
-from machine.events import (
-    GENESIS_HASH,
-    Completed,
-    Event,
-    Failed,
-    Preflighted,
-    ProjectingStarted,
-    event_type,
-    stored_document,
-)
+from machine.events import GENESIS_HASH, PAYLOAD_OF, Event, event_type, stored_document
 from machine.fold import FoldError, InvocationState, fold
 
 
@@ -68,17 +59,15 @@ class TimelineStep(msgspec.Struct, frozen=True, kw_only=True):
     fold_error: str | None = None
 
 
-def _payload(event: object) -> tuple[str | None, int | None, str | None, str | None]:
-    match event:
-        case Preflighted():
-            return "request", event.request_bytes, event.request_sha256, None
-        case ProjectingStarted():
-            return "raw", event.raw_bytes, event.raw_sha256, None
-        case Completed():
-            return "result", event.result_bytes, event.result_sha256, event.evidence_status
-        case Failed():
-            return None, event.rejected_bytes, None, event.error_code
-    return None, None, None, None
+def _payload(event: Event | None) -> tuple[str | None, int | None, str | None, str | None]:
+    """The payload field, size and digest the event declares, and the code it sets."""
+    if event is None:
+        return None, None, None, None
+    fields = PAYLOAD_OF[event_type(event)]
+    size = getattr(event, fields.size) if fields.size else None
+    digest = getattr(event, fields.digest) if fields.digest else None
+    detail = getattr(event, "evidence_status", None) or getattr(event, "error_code", None)
+    return fields.payload, size, digest, detail
 
 
 def _stored_schema(data: bytes) -> int | None:

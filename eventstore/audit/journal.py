@@ -35,16 +35,10 @@ from typing import Final
 import msgspec
 
 from eventstore.reader import StoredEvent
-from machine.events import GENESIS_HASH, payload_digest
+from machine.events import GENESIS_HASH, PAYLOAD_FIELDS, payload_digest
 from machine.fold import FoldError, InvocationState, fold
 from machine.ids import invocation_id
 
-#: Record fields holding payload bytes, with the state fields of their digest and size.
-PAYLOAD_FIELDS: Final = {
-    "request": ("request_sha256", "request_bytes"),
-    "raw": ("raw_sha256", "raw_bytes"),
-    "result": ("result_sha256", "result_bytes"),
-}
 #: Record fields the events cannot vouch for (set by the store at creation).
 _UNCHECKED: Final = frozenset({"expires_at_ms"})
 _NOT_FOLDED: Final = frozenset(PAYLOAD_FIELDS) | _UNCHECKED

@@ -1,6 +1,6 @@
 """The integrity checks shared by replay and verify, over one invocation snapshot.
 
-The record-versus-journal checks are :func:`eventstore.audit.verify_against_events`;
+The record-versus-journal checks are :func:`.journal.verify_against_events`;
 this module adds what only the key space shows: a record or stream without expiry, record
 and stream expiring apart, and a record filed under another invocation's key.
 """
@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from typing import Final
 
-from eventstore.audit import verify_against_events
-from eventstore.audit_tools.readonly import Snapshot
+from eventstore.audit.journal import verify_against_events
+from eventstore.audit.readonly import Snapshot
 from machine.ids import invocation_id
 
 #: Record and stream get one absolute expiry together; PTTLs read in one step may differ
