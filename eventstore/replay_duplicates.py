@@ -24,6 +24,7 @@ from typing import Final
 
 from eventstore.contracts import AgentReply, ToolError, ToolResult
 from eventstore.reader import Reader
+from eventstore.replies import reply_text
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from machine.events import payload_digest
 from machine.results import decode_result
@@ -94,7 +95,7 @@ async def replay_duplicate(
 
 
 def _text(value: bytes | None) -> str | None:
-    return value.decode("utf-8", "replace") if value is not None else None
+    return reply_text(value, "replace") if value is not None else None
 
 
 def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply | None:

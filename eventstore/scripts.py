@@ -17,6 +17,7 @@ from redis.typing import EncodableT
 from eventstore.batching import ScriptBatcher, call_script
 from eventstore.errors import DeadlinePassed, RecordExpired, Refused, RunExists, redis_errors
 from eventstore.lua import KeysAndArgs, Layout, LuaScript, ScriptCall, ScriptFolder
+from eventstore.replies import reply_text
 from machine.codes import ErrorCode
 from machine.events import GENESIS_HASH
 from machine.fold import LIFECYCLE_FIELDS
@@ -41,10 +42,6 @@ def _lifecycle_tables() -> str:
 FOLDER: Final = ScriptFolder("eventstore", {"lifecycle_tables": _lifecycle_tables})
 
 
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
-
-
 class Committed(NamedTuple):
     """What a write script answers when its event is in the journal.
 
@@ -64,11 +61,11 @@ def _committed(reply: Any) -> Committed:
     """The :class:`Committed` of a create or append reply, or its refusal raised."""
     outcome = reply[0]
     if outcome == b"refused" or outcome == "refused":
-        code = _text(reply[1])
+        code = reply_text(reply[1])
         if code == ErrorCode.RECORD_EXPIRED.value:
             raise RecordExpired()
         raise Refused(code, int(reply[2]) if len(reply) > 2 else None)
-    return Committed(int(reply[1]), _text(reply[2]), int(reply[3]))
+    return Committed(int(reply[1]), reply_text(reply[2]), int(reply[3]))
 
 
 class CreateScript(LuaScript):
@@ -264,8 +261,8 @@ class OpenRunScript(LuaScript):
         """
         async with redis_errors():
             reply = await self._call(self.script, call[0], call[1])
-        if _text(reply[0]) == "refused":
-            if _text(reply[1]) == "RUN_EXISTS":
+        if reply_text(reply[0]) == "refused":
+            if reply_text(reply[1]) == "RUN_EXISTS":
                 raise RunExists("run id is already registered")
             raise DeadlinePassed("deadline has already passed")
         return int(reply[1])

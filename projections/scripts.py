@@ -19,13 +19,10 @@ from redis.typing import EncodableT
 from eventstore.batching import ScriptBatcher
 from eventstore.errors import RebuildLost, redis_errors
 from eventstore.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
+from eventstore.replies import reply_text
 
 #: The projections' scripts folder.
 FOLDER: Final = ScriptFolder("projections")
-
-
-def _text(value: object) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class ShardKeys(NamedTuple):
@@ -85,7 +82,7 @@ class BatchReply(NamedTuple):
 
 
 def _batch_reply(reply: Any, items: int) -> BatchReply:
-    pairs = [(_text(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
+    pairs = [(reply_text(reply[i]), int(reply[i + 1])) for i in range(0, len(reply), 2)]
     return BatchReply(pairs[:items], [outcome for outcome, _ in pairs[items:]])
 
 
@@ -235,7 +232,7 @@ class SettleScript(LuaScript):
         """
         async with redis_errors():
             reply = await self._call(self.script, call[0], call[1])
-        return _text(reply[0]) == "settled"
+        return reply_text(reply[0]) == "settled"
 
 
 class DeadLetterScript(LuaScript):
@@ -276,7 +273,7 @@ class DeadLetterScript(LuaScript):
         """
         async with redis_errors():
             reply = await self._call(self.script, call[0], call[1])
-        return _text(reply[0]) == "dead"
+        return reply_text(reply[0]) == "dead"
 
 
 class SwitchGenerationScript(LuaScript):
@@ -300,7 +297,7 @@ class SwitchGenerationScript(LuaScript):
         """
         async with redis_errors():
             reply = await self._call(self.script, call[0], call[1])
-        if _text(reply[0]) != "switched":
+        if reply_text(reply[0]) != "switched":
             raise RebuildLost("the rebuild's claim was taken over before the switch")
         return int(reply[1])
 

@@ -14,6 +14,7 @@ import msgspec
 import redis.exceptions
 
 from eventstore.errors import redis_errors
+from eventstore.replies import reply_text
 from eventstore.server_settings import check_server_settings
 from eventstore.store import Store
 
@@ -53,8 +54,8 @@ class NamespaceStatus(msgspec.Struct, frozen=True, kw_only=True):
     warnings: list[str]
 
 
-def _text(value: object) -> str:
-    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+def _shown(value: object) -> str:
+    return reply_text(value, "replace")
 
 
 async def _config(store: Store, name: str) -> str:
@@ -63,8 +64,8 @@ async def _config(store: Store, name: str) -> str:
     except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
         return "unknown"
     for key, value in reply.items():
-        if _text(key) == name:
-            return _text(value)
+        if _shown(key) == name:
+            return _shown(value)
     return "unknown"
 
 
@@ -87,7 +88,7 @@ async def _records_by_status(store: Store) -> Counter[str]:
                 for key in records:
                     pipe.hget(key, "status")
                 statuses = await pipe.execute()
-            counts.update(_text(status) for status in statuses if status is not None)
+            counts.update(_shown(status) for status in statuses if status is not None)
         if int(cursor) == 0:
             return counts
 
@@ -105,14 +106,14 @@ async def _groups(store: Store, shard: int) -> list[GroupLag]:
             entries = cast(
                 list[object],
                 await store.client.xrange(
-                    feed, f"({_text(info['last-delivered-id'])}", "+", count=LAG_SCAN_CAP
+                    feed, f"({_shown(info['last-delivered-id'])}", "+", count=LAG_SCAN_CAP
                 ),
             )
             lag, capped = len(entries), len(entries) >= LAG_SCAN_CAP
         groups.append(
             GroupLag(
                 shard=shard,
-                group=_text(info["name"]),
+                group=_shown(info["name"]),
                 consumers=int(info["consumers"]),
                 pending=int(info["pending"]),
                 lag=int(lag),
@@ -167,7 +168,7 @@ async def namespace_status(store: Store) -> NamespaceStatus:
         feed_entries=sum(lengths[0::2]),
         groups=groups,
         dead_letters=sum(lengths[1::2]),
-        used_memory_human=_text(memory.get("used_memory_human", "unknown")),
+        used_memory_human=_shown(memory.get("used_memory_human", "unknown")),
         maxmemory_policy=policy,
         appendonly=appendonly,
         warnings=[],
