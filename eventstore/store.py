@@ -69,6 +69,7 @@ class Store:
         durability: DurabilityMode = "warn",
         replicas: int = 0,
         replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        read_only: bool = False,
     ) -> None:
         if ttl <= timedelta(0):
             raise InvalidArgument("ttl must be positive")
@@ -80,6 +81,7 @@ class Store:
         )
         self.durability: DurabilityMode = durability
         self.replicas = replicas
+        self.read_only = read_only
         self.cluster = cluster_of(client)
         self.client = store_client(client)
         self.keys = Keys(namespace, shards)
@@ -119,6 +121,7 @@ class Store:
         durability: DurabilityMode = "warn",
         replicas: int = 0,
         replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS,
+        read_only: bool = False,
     ) -> Store:
         """Build a store on ``redis://``, ``rediss://`` or ``unix://`` ``url``.
 
@@ -132,6 +135,10 @@ class Store:
         :mod:`eventstore.durability`). With ``replicas`` > 0 an append is acknowledged
         only once that many replicas have it, waiting at most ``replica_timeout_ms``
         (see :mod:`eventstore.replication`).
+
+        A ``read_only`` store is for processes that only read (``canon serve`` without
+        workers, a reader ACL user): entering it writes nothing, not even the namespace
+        metadata, and runs no durability preflight (a reader commits nothing to lose).
         """
         url, cluster_in_url = split_cluster_parameter(url)
         client: Redis | RedisCluster
@@ -161,12 +168,14 @@ class Store:
             durability=durability,
             replicas=replicas,
             replica_timeout_ms=replica_timeout_ms,
+            read_only=read_only,
         )
 
     async def __aenter__(self) -> Self:
         try:
             await self.check_namespace()
-            await self.check_durability()
+            if not self.read_only:
+                await self.check_durability()
         except BaseException:
             # ``async with`` skips __aexit__ when entering fails; the pool is ours to close.
             await self.aclose()
@@ -187,16 +196,23 @@ class Store:
         await self.client.aclose()
 
     async def check_namespace(self) -> None:
-        """Record this namespace's shard count, or refuse a store built with another one.
+        """Refuse a store built with another shard count than its namespace's.
+
+        A writing store records the shard count of a namespace that has none yet; a
+        read-only one only reads it (a namespace nobody wrote yet is then taken as built
+        with this store's count).
 
         Raises:
             NamespaceMismatch: the namespace already exists with a different shard count.
+            AccessDenied: the ACL user may not read (or, writing, record) the metadata.
 
         """
         meta = self.keys.meta()
         async with redis_errors():
-            await self.client.hsetnx(meta, "shards", self.keys.shards)
             stored = await self.client.hget(meta, "shards")
+            if stored is None and not self.read_only:
+                await self.client.hsetnx(meta, "shards", self.keys.shards)
+                stored = await self.client.hget(meta, "shards")
         if stored is not None and int(stored) != self.keys.shards:
             raise NamespaceMismatch(
                 f"namespace has {int(stored)} shards; this store was built with {self.keys.shards}"

@@ -49,7 +49,8 @@ def register(subparsers: Any) -> None:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    async with open_store(args, embedded=True) as store:
+    # Without workers the process only reads: it may run as the reader ACL user.
+    async with open_store(args, embedded=True, read_only=not args.with_workers) as store:
         if args.strict_durability:
             await store.check_durability("strict")
         metrics = Metrics()

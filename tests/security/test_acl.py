@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
 from eventstore.embedded import EmbeddedRedis, ServerBinary
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import AccessDenied
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app, read_view
@@ -235,8 +235,9 @@ async def test_reader_runs_the_audit_tools_and_serves_receipts(
 
 
 async def test_reader_cannot_write(server: EmbeddedRedis, admin: Redis) -> None:
-    """Every write command fails with NOPERM for the reader, and entering a store (which
-    records the namespace metadata) is refused as the store being unavailable."""
+    """Every write command fails with NOPERM for the reader; a writing store it enters on
+    the existing namespace (which needs no write) refuses its first write as an ACL
+    denial."""
     _, _, writer = await write_calls(server)
     await writer.aclose()
     reader = Store.from_url(url_of(server, "canon-reader"), shards=4)
@@ -244,9 +245,9 @@ async def test_reader_cannot_write(server: EmbeddedRedis, admin: Redis) -> None:
         await assert_refused(reader.client, [*WRITES, *NEVER_ALLOWED])
     finally:
         await reader.aclose()
-    with pytest.raises(StoreUnavailable):
-        async with Store.from_url(url_of(server, "canon-reader"), shards=4):
-            pass
+    async with Store.from_url(url_of(server, "canon-reader"), shards=4) as store:
+        with pytest.raises(AccessDenied):
+            await store.open_run("run-b", deadline=timedelta(minutes=5))
 
 
 async def test_redis7_key_permissions_confine_each_role(
