@@ -17,7 +17,11 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
 ``{ns}:{sNN}:pos:<group>``          hash   projection workers       none (per-shard cursor)
 ``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
+``{ns}:{sNN}:fail:<group>:<entry>`` hash   projection workers       the feed's retention
 =================================== ====== ======================== =======================
+
+``fail:`` holds the last failure reason of one delivered feed entry (written when a
+handling attempt fails), so whichever consumer finally dead-letters it can say why.
 
 Projection outputs rebuilt by ``canon rebuild`` live beside the first ones, at
 ``receipt.g<N>:`` and ``rview.g<N>:``; the namespace metadata names the generation
@@ -192,6 +196,18 @@ class Keys:
     def dead_letters(self, shard: int) -> str:
         """Dead-letter stream of one shard."""
         return f"{self.tag(shard)}:dead"
+
+    def failure(self, shard: int, projection: str, entry_id: str) -> str:
+        """Last failure reason of one feed entry in one projection (``entry_id``: a stream id).
+
+        Raises:
+            InvalidArgument: ``entry_id`` is not a stream entry id (``<ms>-<seq>``).
+
+        """
+        ms, _, seq = entry_id.partition("-")
+        if not (ms.isascii() and ms.isdigit() and seq.isascii() and seq.isdigit()):
+            raise InvalidArgument("entry id is not a stream entry id")
+        return f"{self.tag(shard)}:fail:{projection}:{entry_id}"
 
     def scan_pattern(self, kind: str) -> str:
         """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...)."""

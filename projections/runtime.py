@@ -26,6 +26,7 @@ from redis.asyncio import Redis
 from eventstore.errors import StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
+from projections.failures import FailureLog
 from projections.feed import Projection
 from projections.generations import Generational, current_generation
 from projections.groups import (
@@ -114,7 +115,11 @@ class Worker:
         self.min_idle_ms = min_idle_ms
         self.metrics = metrics
         self.handler = EntryHandler(
-            projection, max_deliveries=max_deliveries, throttle_ms=throttle_ms, metrics=metrics
+            projection,
+            max_deliveries=max_deliveries,
+            throttle_ms=throttle_ms,
+            metrics=metrics,
+            failures=FailureLog(store),
         )
         self.generation = generation
         self._stop = asyncio.Event()
