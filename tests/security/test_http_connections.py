@@ -17,6 +17,9 @@ import msgspec
 import pytest
 
 from eventstore.store import Store
+from projections.connections import ConnectionLimits
+from projections.supervisor import ReceiptServer
+from tests.helpers import wait_until
 from tests.integration.test_http_serve import free_port, spawn, until  # noqa: F401 (fixture)
 
 CAPS = "/v1/invocations/inspection-capabilities"
@@ -197,3 +200,38 @@ async def test_the_connection_cap_holds_and_normal_requests_are_still_served(
     finally:
         for _, writer in held:
             writer.close()
+
+
+async def test_busy_connections_are_never_cut_and_a_newcomer_past_the_cap_gets_503() -> None:
+    """Requests still being answered outlive the header bound, are never closed to make
+    room, and a connection past the cap while all are busy gets 503 no-store, then the
+    busy ones get their answers."""
+    release = asyncio.Event()
+
+    async def slow(scope: Any, receive: Any, send: Any) -> None:
+        await release.wait()
+        await send({"type": "http.response.start", "status": 200, "headers": []})
+        await send({"type": "http.response.body", "body": b"{}"})
+
+    limits = ConnectionLimits(header_timeout_s=0.2, idle_timeout_s=0.2, max_connections=2)
+    server = ReceiptServer(slow, limits=limits)
+    task = asyncio.create_task(server.serve())
+    held = []
+    try:
+        await wait_until(lambda: server.started or task.done())
+        assert not task.done()
+        request = b"GET / HTTP/1.1\r\nHost: a\r\n\r\n"
+        held = [await _hold(server.port, request) for _ in range(2)]
+        await wait_until(lambda: len(server.server_state.tasks) == 2)
+        status, headers = _headers(await _exchange(server.port, request, timeout_s=5))
+        assert (status, headers.get("cache-control")) == (503, ["no-store"])
+        await asyncio.sleep(limits.header_timeout_s * 2)  # past the header bound on purpose
+        release.set()
+        for reader, _ in held:
+            status, headers = _headers(await asyncio.wait_for(reader.readuntil(b"{}"), 5))
+            assert (status, headers.get("cache-control")) == (200, ["no-store"])
+    finally:
+        for _, writer in held:
+            writer.close()
+        server.stop()
+        await asyncio.wait_for(task, 10)
