@@ -59,13 +59,30 @@ def trace_to_type(
     return event_dict
 
 
+class _StandardError(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record comes.
+
+    Not the one of when the handler was made: a process, or a test, may replace standard
+    error meanwhile.
+    """
+
+    @property
+    def stream(self) -> Any:
+        """The current standard error."""
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
 def _route_stdlib_logging(renderer: Any, level: int) -> None:
     """Render every stdlib record (uvicorn's error logger, asyncio, ...) like our events.
 
     One handler on the root logger, formatting with the same renderer, so every line the
     process writes follows the chosen format. Calling again replaces it.
     """
-    handler = logging.StreamHandler(sys.stderr)
+    handler = _StandardError()
     handler.set_name(_STDLIB_HANDLER)
     handler.setFormatter(
         structlog.stdlib.ProcessorFormatter(
