@@ -77,7 +77,7 @@ class _StandardError(logging.StreamHandler):  # type: ignore[type-arg]
 
 
 def _route_stdlib_logging(renderer: Any, level: int) -> None:
-    """Render every stdlib record (uvicorn's error logger, asyncio, ...) like our events.
+    """Render stdlib records (uvicorn's error logger, asyncio, ...) like our events.
 
     One handler on the root logger, formatting with the same renderer, so every line the
     process writes follows the chosen format. Calling again replaces it.
@@ -96,11 +96,13 @@ def _route_stdlib_logging(renderer: Any, level: int) -> None:
             ],
         )
     )
+    handler.setLevel(level)
     root = logging.getLogger()
     for old in [h for h in root.handlers if h.get_name() == _STDLIB_HANDLER]:
         root.removeHandler(old)
+    # The root logger's own level is left as it is (WARNING unless the application says
+    # otherwise): other libraries' INFO chatter stays out, their warnings come through.
     root.addHandler(handler)
-    root.setLevel(level)
 
 
 def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:

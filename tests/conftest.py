@@ -332,6 +332,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     logging.getLogger().removeHandler(_SCAN_HANDLER)
 
 
+@pytest.fixture(autouse=True)
+def _no_cli_log_handler_left() -> Iterator[None]:
+    """Remove the root handler a ``canon`` command run in-process installs for its process
+    (here the test session), once the test is over. Only that one, by name: a test that
+    cuts the scan's own handler off must still fail the session."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.get_name() == "canon.stdlib"]:
+        root.removeHandler(handler)
+
+
 def pytest_runtest_setup(item: pytest.Item) -> None:
     """Name the running test in leak reports; count the tests run."""
     LOG_SCAN.current_test = item.nodeid

@@ -22,15 +22,11 @@ class Terminal(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def restore_structlog() -> Iterator[None]:
-    """Put back the structlog configuration and the root logger's handlers and level each
-    test replaces (other tests depend on them)."""
+    """Put back the structlog configuration each test replaces (other tests depend on it);
+    the root handler configure_logging adds is removed by the suite's conftest."""
     saved = structlog.get_config()
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
     yield
     structlog.configure(**saved)
-    root.handlers[:] = handlers
-    root.setLevel(level)
 
 
 def emit_with(stderr: io.StringIO, monkeypatch: pytest.MonkeyPatch, **options: object) -> str:
