@@ -17,6 +17,7 @@ import pathlib
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
+from typing import Final
 from urllib.parse import quote, urlsplit, urlunsplit
 
 from eventstore.embedded import EmbeddedRedis
@@ -100,9 +101,21 @@ def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
     return EmbeddedRedis(data_dir=data_dir.resolve(), appendonly=True).start()
 
 
+#: The one line an ACL denial gets (never the Redis text: it may name a key).
+ACCESS_DENIED_MESSAGE: Final = (
+    "the Redis user is not permitted to run a command this needs (NOPERM, an ACL denial); "
+    "see docs/acl.md for the rules of each role"
+)
+
+
 @asynccontextmanager
-async def open_store(args: argparse.Namespace, *, embedded: bool = False) -> AsyncIterator[Store]:
+async def open_store(
+    args: argparse.Namespace, *, embedded: bool = False, read_only: bool = False
+) -> AsyncIterator[Store]:
     """Open the store the arguments describe; start an embedded server when allowed.
+
+    ``read_only``: the process only reads, so entering the store writes nothing (see
+    :meth:`Store.from_url`).
 
     Raises:
         ConnectionSettingsError: no server is configured and ``embedded`` is False.
@@ -121,6 +134,7 @@ async def open_store(args: argparse.Namespace, *, embedded: bool = False) -> Asy
             namespace=args.namespace,
             shards=args.shards,
             ttl=timedelta(seconds=args.ttl_s),
+            read_only=read_only,
         )
         await stack.enter_async_context(store)
         yield store

@@ -2,15 +2,18 @@
 
 Library modules log through :mod:`eventstore.logs`, which follows the structlog
 configuration made here. Output is JSON in production and readable key=value lines in a
-terminal, on standard error. Payloads, tokens and Redis keys are never logged by our code;
-:func:`~eventstore.logs.drop_secrets` is a last guard for fields that must never leave.
+terminal, on standard error; records of the stdlib ``logging`` module (uvicorn's own error
+logger, asyncio) are rendered the same way, without tracebacks. Payloads, tokens and Redis
+keys are never logged by our code; :func:`~eventstore.logs.drop_secrets` is a last guard
+for fields that must never leave.
 """
 
 from __future__ import annotations
 
 import logging
 import sys
-from typing import Any
+from collections.abc import MutableMapping
+from typing import Any, Final
 
 import msgspec
 import structlog
@@ -28,6 +31,70 @@ def _json_line(event_dict: Any, **_options: Any) -> str:
     return msgspec.json.encode(event_dict, enc_hook=repr).decode()
 
 
+#: Name of the root handler :func:`configure_logging` installs (replaced on each call).
+_STDLIB_HANDLER: Final = "canon.stdlib"
+
+
+def trace_to_type(
+    _logger: object, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Replace a stdlib record's exception and stack by the exception's type name.
+
+    Other libraries (uvicorn, asyncio) log tracebacks; a log line never carries one.
+    """
+    exc_info = event_dict.pop("exc_info", None)
+    event_dict.pop("stack_info", None)
+    if isinstance(exc_info, tuple) and exc_info and exc_info[0] is not None:
+        event_dict["error"] = exc_info[0].__name__
+    return event_dict
+
+
+class _StandardError(logging.StreamHandler):  # type: ignore[type-arg]
+    """A handler writing to whatever ``sys.stderr`` is when a record comes.
+
+    Not the one of when the handler was made: a process, or a test, may replace standard
+    error meanwhile.
+    """
+
+    @property
+    def stream(self) -> Any:
+        """The current standard error."""
+        return sys.stderr
+
+    @stream.setter
+    def stream(self, _value: Any) -> None:
+        pass
+
+
+def _route_stdlib_logging(renderer: Any, level: int) -> None:
+    """Render stdlib records (uvicorn's error logger, asyncio, ...) like our events.
+
+    One handler on the root logger, formatting with the same renderer, so every line the
+    process writes follows the chosen format. Calling again replaces it.
+    """
+    handler = _StandardError()
+    handler.set_name(_STDLIB_HANDLER)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processors=[structlog.stdlib.ProcessorFormatter.remove_processors_meta, renderer],
+            foreign_pre_chain=[
+                structlog.stdlib.add_logger_name,
+                structlog.processors.add_log_level,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                trace_to_type,
+                drop_secrets,
+            ],
+        )
+    )
+    handler.setLevel(level)
+    root = logging.getLogger()
+    for old in [h for h in root.handlers if h.get_name() == _STDLIB_HANDLER]:
+        root.removeHandler(old)
+    # The root logger's own level is left as it is (WARNING unless the application says
+    # otherwise): other libraries' INFO chatter stays out, their warnings come through.
+    root.addHandler(handler)
+
+
 def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
     """Configure structlog for this process.
 
@@ -43,6 +110,8 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
         if json
         else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
+    numeric_level = logging.getLevelNamesMapping()[level.upper()]
+    _route_stdlib_logging(renderer, numeric_level)
     structlog.configure(
         processors=[
             structlog.contextvars.merge_contextvars,
@@ -51,9 +120,7 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
             drop_secrets,
             renderer,
         ],
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric_level),
         logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
         # Not cached: a cached logger ignores later reconfiguration (tests, embedding
         # processes); the lazy proxy costs a few microseconds per event.

@@ -17,10 +17,10 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from canon.connection import ConnectionSettingsError
+from canon.connection import ACCESS_DENIED_MESSAGE, ConnectionSettingsError
 from canon.exitcodes import RET_OK, RET_USAGE
 from canon.logs import configure_logging
-from eventstore.errors import CanonError, StoreUnavailable
+from eventstore.errors import AccessDenied, CanonError, StoreUnavailable
 from eventstore.store import Store
 from projections.metrics import Metrics, metrics_server
 from projections.progress import ProgressWorker
@@ -120,6 +120,9 @@ def run_service(
         asyncio.run(main(args))
     except ConnectionSettingsError as exc:
         print(f"canon: error: {exc}", file=sys.stderr)
+        return RET_USAGE
+    except AccessDenied:
+        print(f"canon: error: {ACCESS_DENIED_MESSAGE}", file=sys.stderr)
         return RET_USAGE
     except StoreUnavailable:
         print("canon: error: the Redis server is unavailable", file=sys.stderr)

@@ -8,7 +8,9 @@ commands, until the queue is empty; then it gives the connection back. Under loa
 keeps its connection from one pipeline to the next (taking one from the pool and giving
 it back costs more than the rest of a round trip), and calls queued while every lane is
 busy go with the next pipeline a lane sends. Each caller gets its own reply or its own
-exception: one failing script never fails its neighbours.
+exception: one failing script never fails its neighbours. No task or future is ever left
+with an exception nobody retrieves: every future is settled by the lane that took it or
+cancelled with its caller, and every lane's end is retrieved when it finishes.
 
 Ordering: a pipeline carries its calls in the order they were made. Pipelines of
 different lanes may run in either order: harmless, because two events of one invocation
@@ -44,7 +46,10 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
 from eventstore.errors import InvalidArgument
+from eventstore.logs import get_logger
 from eventstore.replies import reply_text
+
+log = get_logger("canon.batching")
 
 #: Most commands per pipeline. A larger turn is split so that several pipelines are in
 #: flight: Redis runs one while the client reads and prepares another (the measurements
@@ -165,11 +170,11 @@ class ScriptBatcher:
         if not self._enabled:
             return await script(keys=keys, args=args)
         loop = asyncio.get_running_loop()
-        future: asyncio.Future[Any] = loop.create_future()
         packed_args = (len(keys), *keys, *args)
-        self._queue.append(
-            _Call(script, packed_args, pack_evalsha(script.sha, packed_args), future)
-        )
+        # Packed before the future exists: an argument that cannot be sent leaves nothing.
+        packed = pack_evalsha(script.sha, packed_args)
+        future: asyncio.Future[Any] = loop.create_future()
+        self._queue.append(_Call(script, packed_args, packed, future))
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
@@ -193,7 +198,21 @@ class ScriptBatcher:
             self._lanes += 1
             task = loop.create_task(self._lane())
             self._in_flight.add(task)
-            task.add_done_callback(self._in_flight.discard)
+            task.add_done_callback(self._lane_done)
+
+    def _lane_done(self, task: asyncio.Task[None]) -> None:
+        """Forget a finished lane and retrieve how it ended, so nothing is left unretrieved.
+
+        A lane settles every call it takes and swallows their errors; only a cancellation
+        (the loop shutting down) ends one early. Anything else would be a bug here: it is
+        logged by type, never left for the garbage collector to report.
+        """
+        self._in_flight.discard(task)
+        if task.cancelled():
+            return
+        error = task.exception()
+        if error is not None:
+            log.error("batch_lane_failed", error=type(error).__name__)
 
     def _take(self) -> list[_Call]:
         """The next pipeline: up to ``max_batch`` queued calls whose callers still wait."""

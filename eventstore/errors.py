@@ -35,6 +35,16 @@ class StoreUnavailable(CanonError):
     code = ErrorCode.STORE_UNAVAILABLE
 
 
+class AccessDenied(StoreUnavailable):
+    """Raised when Redis refuses a command with ``NOPERM``: an ACL denial, not an outage.
+
+    The connected ACL user lacks a command or key permission the operation needs (the
+    rules per role are in docs/acl.md); retrying will not help. It is a
+    :class:`StoreUnavailable` for everyone who only needs to know the store cannot serve
+    (the boundary still answers ``STORE_UNAVAILABLE``); entry points name it.
+    """
+
+
 class Refused(CanonError):
     """Raised when a write script refuses an operation; carries the stable refusal code.
 
@@ -107,9 +117,15 @@ class StoreClosed(CanonError):
 
 @asynccontextmanager
 async def redis_errors() -> AsyncIterator[None]:
-    """Translate redis-py exceptions into :class:`StoreUnavailable`, dropping their text."""
+    """Translate redis-py exceptions into :class:`StoreUnavailable`, dropping their text.
+
+    ``NOPERM`` becomes :class:`AccessDenied`, so an ACL denial is never reported as an
+    unreachable server.
+    """
     try:
         yield
+    except redis.exceptions.NoPermissionError:
+        raise AccessDenied("NoPermissionError") from None
     except redis.exceptions.RedisError as exc:
         # The Redis text may name keys or arguments; only the exception type is kept.
         raise StoreUnavailable(type(exc).__name__) from None

@@ -3,21 +3,25 @@
 All keys of one run share the run's shard hash tag, so one script can touch a run's
 record, stream, counters, progress list and the shard feed atomically, also on a cluster.
 
-================================= ====== ======================== ==========================
-key                               type   written by               TTL
-================================= ====== ======================== ==========================
-``{ns}:meta``                     hash   check_namespace, rebuild none (namespace config)
-``{ns}:{sNN}:ctl``                hash   ``Store.set_paused``     none (one per shard)
-``{ns}:{sNN}:run:<run>``          hash   open_run.lua, create.lua deadline + record TTL
-``{ns}:{sNN}:inv:<run>:<call>``   hash   create.lua, append.lua   record TTL, set once
-``{ns}:{sNN}:ev:<run>:<call>``    stream create.lua, append.lua   same instant as record
-``{ns}:{sNN}:progress:<run>``     list   append.lua (terminal)    the run's expiry
-``{ns}:{sNN}:feed``               stream create.lua, append.lua   trimmed by age, watermark-safe
-``{ns}:{sNN}:receipt:<inv id>``   hash   receipt worker           the record's expiry
-``{ns}:{sNN}:rview:<run>``        hash   progress worker          the run's expiry
-``{ns}:{sNN}:pos:<group>``        hash   projection workers       none (per-shard cursor)
-``{ns}:{sNN}:dead``               stream projection workers       trimmed by length
-================================= ====== ======================== ==========================
+=================================== ====== ======================== ==========================
+key                                 type   written by               TTL
+=================================== ====== ======================== ==========================
+``{ns}:meta``                       hash   check_namespace, rebuild none (namespace config)
+``{ns}:{sNN}:ctl``                  hash   ``Store.set_paused``     none (one per shard)
+``{ns}:{sNN}:run:<run>``            hash   open_run.lua, create.lua deadline + record TTL
+``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
+``{ns}:{sNN}:ev:<run>:<call>``      stream create.lua, append.lua   same instant as record
+``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
+``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age, watermark-safe
+``{ns}:{sNN}:receipt:<inv id>``     hash   receipt worker           the record's expiry
+``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
+``{ns}:{sNN}:pos:<group>``          hash   projection workers       none (per-shard cursor)
+``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
+``{ns}:{sNN}:fail:<group>:<entry>`` hash   projection workers       the feed's retention
+=================================== ====== ======================== ==========================
+
+``fail:`` holds the last failure reason of one delivered feed entry (written when a
+handling attempt fails), so whichever consumer finally dead-letters it can say why.
 
 Projection outputs rebuilt by ``canon rebuild`` live beside the first ones, at
 ``receipt.g<N>:`` and ``rview.g<N>:``; the namespace metadata names the generation
@@ -27,23 +31,17 @@ readers use (``generation:<projection>``) and the consumer group of generation N
 **Ids in keys.** A run id (:func:`machine.ids.is_run_id`: no ``:``, braces, whitespace or
 control characters) comes right after the kind; a tool call id
 (:func:`machine.ids.is_tool_call_id`: up to 512 UTF-8 bytes, ``:``, braces and glob
-characters allowed) is always the last component. So a key splits at the first ``:``
-after the run id, and the first ``{...}`` of every key is the shard tag (the cluster hash
-slot ignores braces later in a key). The same holds for the ``run:call`` items of the
-progress list (:func:`split_identity`). An id that is not acceptable raises
-:class:`~eventstore.errors.InvalidArgument` before any command is sent, and is never
-rewritten. :meth:`Keys.invocation` builds all the keys of one write with each id checked
-once, for the writer's hot path. Parsing a key back into its ids (a SCAN's keys) is here
-too (:meth:`Keys.parse_invocation_key`, :meth:`Keys.record_ids`), beside the formatting
-it inverts.
+characters allowed) is always the last component, so a key (and a ``run:call`` progress
+item, :func:`split_identity`) splits at the first ``:`` after the run id, and the first
+``{...}`` is the shard tag. An unacceptable id raises
+:class:`~eventstore.errors.InvalidArgument` before any command is sent, never rewritten.
+Parsing a SCANned key back into its ids lives here too, beside the formatting it inverts.
 
-**Layouts.** ``{ns}:meta`` field ``layout`` names the key layout of the namespace,
-written when the namespace is created. :data:`LAYOUT` (2) is the one above. A namespace
-whose metadata has a shard count but no layout was created before the layout was recorded:
-:data:`LEGACY_LAYOUT` (1), where the stream is the record key plus ``:ev``
-(``{ns}:{sNN}:inv:<run>:<call>:ev``). Its keys are still built and parsed here, for every
-reader and writer; because a call id ending in ``:ev`` would make its record look like
-another call's stream there, that layout accepts no tool call id holding ``:``.
+**Layouts.** ``{ns}:meta`` field ``layout`` names the namespace's key layout, written
+when it is created: :data:`LAYOUT` (2) is the one above. Metadata with a shard count but
+no layout means :data:`LEGACY_LAYOUT` (1), whose stream is ``<record key>:ev``; it is
+still read and written here, and accepts no tool call id holding ``:`` (an id ending in
+``:ev`` would make its record look like another call's stream).
 """
 
 from __future__ import annotations
@@ -267,6 +265,18 @@ class Keys:
     def dead_letters(self, shard: int) -> str:
         """Dead-letter stream of one shard."""
         return f"{self.tag(shard)}:dead"
+
+    def failure(self, shard: int, projection: str, entry_id: str) -> str:
+        """Last failure reason of one feed entry in one projection (``entry_id``: a stream id).
+
+        Raises:
+            InvalidArgument: ``entry_id`` is not a stream entry id (``<ms>-<seq>``).
+
+        """
+        ms, _, seq = entry_id.partition("-")
+        if not (ms.isascii() and ms.isdigit() and seq.isascii() and seq.isdigit()):
+            raise InvalidArgument("entry id is not a stream entry id")
+        return f"{self.tag(shard)}:fail:{projection}:{entry_id}"
 
     def scan_pattern(self, kind: str) -> str:
         """SCAN MATCH pattern for one kind of key across all shards (``inv``, ``run``...).

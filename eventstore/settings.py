@@ -43,6 +43,10 @@ class StoreSettings:
             evict records: ``warn``, ``strict`` or ``off`` (:mod:`eventstore.durability`).
         replicas: replicas that must have an append before it is acknowledged.
         replica_timeout_ms: longest wait for those replicas.
+        read_only: a store for processes that only read (``canon serve`` without
+            workers, a reader ACL user): entering it writes nothing, not even the
+            namespace metadata, and runs no durability preflight (a reader commits
+            nothing to lose).
 
     Raises:
         InvalidArgument: ``ttl`` is not positive.
@@ -57,6 +61,7 @@ class StoreSettings:
     durability: DurabilityMode = "warn"
     replicas: int = 0
     replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
+    read_only: bool = False
 
     def __post_init__(self) -> None:
         if self.ttl <= timedelta(0):
@@ -94,3 +99,4 @@ class StoreOptions(TypedDict, total=False):
     durability: DurabilityMode
     replicas: int
     replica_timeout_ms: int
+    read_only: bool

@@ -177,6 +177,10 @@ class Store:
         :mod:`eventstore.durability`). With ``replicas`` > 0 an append is acknowledged
         only once that many replicas have it, waiting at most ``replica_timeout_ms``
         (see :mod:`eventstore.replication`).
+
+        A ``read_only`` store is for processes that only read (``canon serve`` without
+        workers, a reader ACL user): entering it writes nothing, not even the namespace
+        metadata, and runs no durability preflight (a reader commits nothing to lose).
         """
         settings = (settings or StoreSettings()).with_options(**options)
         timeout_s = settings.timeout_s
@@ -231,7 +235,8 @@ class Store:
         self.check_loop()
         try:
             await self.check_namespace()
-            await self.check_durability()
+            if not self.settings.read_only:
+                await self.check_durability()
         except BaseException:
             # ``async with`` skips __aexit__ when entering fails; the pool is ours to close.
             await self.aclose()
@@ -257,18 +262,21 @@ class Store:
 
         A namespace created here records :data:`~eventstore.keys.LAYOUT`; one whose
         metadata names no layout was created before layouts were recorded and is read and
-        written in :data:`~eventstore.keys.LEGACY_LAYOUT` (:meth:`use_keys`).
+        written in :data:`~eventstore.keys.LEGACY_LAYOUT` (:meth:`use_keys`). A read-only
+        store only reads the metadata (a namespace nobody wrote yet is then taken as built
+        with this store's shard count, in the current layout).
 
         Raises:
             NamespaceMismatch: the namespace already exists with a different shard count,
                 or with a key layout this version does not know.
+            AccessDenied: the ACL user may not read (or, writing, record) the metadata.
 
         """
         self.check_loop()
         meta = self.keys.meta()
         async with redis_errors():
             reply = await self.client.hmget(meta, ["shards", "layout"])
-            if reply[0] is None:
+            if reply[0] is None and not self.settings.read_only:
                 # The layout goes in before the shard count: whoever sees the shard count
                 # of a namespace this version created also sees its layout.
                 async with self.client.pipeline(transaction=False) as pipe:
@@ -276,7 +284,9 @@ class Store:
                     pipe.hsetnx(meta, "shards", self.keys.shards)
                     pipe.hmget(meta, ["shards", "layout"])
                     reply = (await pipe.execute())[-1]
-        stored, layout = cast(tuple[bytes, bytes | None], reply)
+        stored, layout = cast(tuple[bytes | None, bytes | None], reply)
+        if stored is None:
+            return  # read-only, and no writer created the namespace yet
         if int(stored) != self.keys.shards:
             raise NamespaceMismatch(
                 f"namespace has {int(stored)} shards; this store was built with {self.keys.shards}"

@@ -2,7 +2,9 @@
 
 An entry whose projection raises is left pending, so it comes back (to this consumer's
 next drain or to whoever claims it once idle); past ``max_deliveries`` it is moved to
-the shard's dead-letter stream with the last error type seen, and acknowledged.
+the shard's dead-letter stream with the last error type seen, and acknowledged. The
+error type is also kept in Redis beside the delivery (:mod:`projections.failures`), so a
+consumer that takes over a killed one's entry still dead-letters it with its reason.
 """
 
 from __future__ import annotations
@@ -14,6 +16,7 @@ from typing import Final, cast
 
 from eventstore.logs import get_logger
 from eventstore.writer import Head
+from projections.failures import FailureLog
 from projections.feed import BatchProjection, FeedEntry, FeedProjection, MalformedEntry, Outcome
 from projections.groups import Entry
 from projections.metrics import Metrics
@@ -35,6 +38,7 @@ class EntryHandler:
         throttle_ms: int = 0,
         metrics: Metrics | None = None,
         concurrency: int = 16,
+        failures: FailureLog | None = None,
     ) -> None:
         self.projection = projection  # the property below
         self._slots = asyncio.Semaphore(concurrency)
@@ -43,6 +47,8 @@ class EntryHandler:
         self.metrics = metrics
         self.counters: Counter[str] = Counter()
         self._errors: dict[str, str] = {}
+        # The same reasons in Redis, for whoever dead-letters an entry after this process.
+        self.failures = failures
 
     @property
     def projection(self) -> FeedProjection:
@@ -158,6 +164,8 @@ class EntryHandler:
             if len(self._errors) >= _ERROR_MEMORY:
                 self._errors.pop(next(iter(self._errors)))
             self._errors[entry_id] = type(exc).__name__
+            if self.failures is not None:
+                await self.failures.record(shard, self.name, entry_id, type(exc).__name__)
             log.warning(
                 "entry_failed",
                 projection=self.name,
@@ -170,7 +178,10 @@ class EntryHandler:
     async def _dead_letter(
         self, shard: int, entry_id: str, fields: dict[bytes, bytes], deliveries: int
     ) -> None:
-        error = self._errors.pop(entry_id, "unknown")
+        error = self._errors.pop(entry_id, None)
+        if error is None and self.failures is not None:
+            error = await self.failures.last(shard, self.name, entry_id)
+        error = error or "unknown"
         moved = await self.projection.dead_letter(
             shard,
             entry_id,

@@ -2,14 +2,15 @@
 
 The lookup goes through the run's own registry entry (``inv:<invocation id>``), so an
 invocation of another run is exactly as invisible as one that never existed. A
-materialized receipt is served when it is as new as the record and its journal state can
-no longer change with time; otherwise the receipt is built from the record and stream.
+materialized receipt is served when it is as new as the record, its journal state can
+no longer change with time, and the record still agrees with its journal (the cheap check
+of :mod:`projections.agreement`); otherwise the receipt is built from the record and stream.
 Nothing here writes: no record, no expiry, no counter.
 """
 
 from __future__ import annotations
 
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import msgspec
 
@@ -18,10 +19,11 @@ from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import is_invocation_id, is_run_id
+from projections.agreement import STREAM_READ_COUNT, disagreement
 from projections.generations import current_generation
 from projections.journal import JournalState
 from projections.receipt_projection import RECEIPT_PROJECTION
-from projections.receipt_snapshot import read_receipt_snapshot, receipt_of
+from projections.receipt_snapshot import RECEIPT_FIELDS, receipt_of, receipt_snapshot_of
 from projections.receipts import Receipt, decode_receipt, iso_ms
 
 #: Journal states that do not turn into ``uncertain`` as time passes.
@@ -38,27 +40,42 @@ class CapabilityChanged(CanonError):
     """Raised when the invocation's tool was revoked from the run since the call."""
 
 
-async def _materialized(
+async def _current_receipt(
     store: Store, run_id: str, invocation_id: str, tool_call_id: str
 ) -> Receipt | None:
-    """Return the stored receipt if it reflects the record's current version, else None."""
+    """Return the invocation's receipt as of now, or None when its record is absent.
+
+    One MULTI reads the materialized receipt, the record's receipt fields and the start of
+    its stream (enough for :func:`disagreement`). The materialized receipt is served only
+    when it is as new as the record, its journal state can no longer change with time, and
+    the record still agrees with its journal; otherwise the receipt is built from what was
+    read, so a record tampered with after its receipt was stored is judged as it is now.
+    """
     keys = store.keys
     generation = await current_generation(store, RECEIPT_PROJECTION)
     async with redis_errors(), store.client.pipeline(transaction=True) as pipe:
         pipe.hmget(keys.receipt(run_id, invocation_id, generation), ["version", "receipt"])
-        pipe.hget(keys.record(run_id, tool_call_id), "version")
-        (stored_version, body), record_version = cast(
-            tuple[list[bytes | None], bytes | None], await pipe.execute()
+        pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
+        pipe.xrange(keys.stream(run_id, tool_call_id), count=STREAM_READ_COUNT)
+        (stored_version, body), values, entries = cast(
+            tuple[list[bytes | None], list[bytes | None], list[Any]], await pipe.execute()
         )
-    if stored_version is None or body is None or record_version != stored_version:
+    snapshot = receipt_snapshot_of(values, entries, now_ms())
+    if not snapshot.fields:
         return None
-    try:
-        receipt = decode_receipt(body)
-    except (msgspec.DecodeError, msgspec.ValidationError):
-        return None
-    if receipt.journal_state not in _SETTLED:
-        return None
-    return msgspec.structs.replace(receipt, observed_at=iso_ms(now_ms()))
+    if (
+        body is not None
+        and stored_version == snapshot.fields.get("version")
+        and disagreement(snapshot.fields, snapshot.events) is None
+    ):
+        try:
+            receipt = decode_receipt(body)
+        except (msgspec.DecodeError, msgspec.ValidationError):
+            pass
+        else:
+            if receipt.journal_state in _SETTLED:
+                return msgspec.structs.replace(receipt, observed_at=iso_ms(snapshot.observed_at_ms))
+    return receipt_of(store, snapshot)
 
 
 async def inspect_invocation(
@@ -83,12 +100,9 @@ async def inspect_invocation(
     tool_call_id = await store.runs.tool_call_id_of(run_id, invocation_id)
     if tool_call_id is None or not store.keys.accepts_tool_call_id(tool_call_id):
         raise InvocationNotFound()
-    receipt = await _materialized(store, run_id, invocation_id, tool_call_id)
+    receipt = await _current_receipt(store, run_id, invocation_id, tool_call_id)
     if receipt is None:
-        snapshot = await read_receipt_snapshot(store, run_id, tool_call_id)
-        if not snapshot.fields:
-            raise InvocationNotFound()
-        receipt = receipt_of(store, snapshot)
+        raise InvocationNotFound()
     if receipt.invocation_id != invocation_id or receipt.run_id != run_id:
         # A record whose own ids disagree with the run's index is never shown.
         raise InvocationNotFound()

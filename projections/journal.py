@@ -3,8 +3,10 @@
 The journal is the invocation's event stream. It is audited with
 :func:`eventstore.audit.journal.verify_fields` (decoding, hash chain, lifecycle, and the
 record's fields against the fold). Receipts never read the request or the raw response,
-so the audit's payload-digest findings are left out here; the one payload a receipt
-shows, the bounded result, is checked on its own. Pure: no I/O.
+so the audit's findings about those two payloads are left out here; the one payload a
+receipt shows, the bounded result, counts. Before the audit, the cheap agreement check of
+:mod:`projections.agreement` (the one every read of a materialized receipt makes) is run,
+so a materialized receipt and a freshly built one judge a record alike. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from machine.codes import Stage
 from machine.events import PAYLOAD_FIELDS
 from machine.fold import InvocationState, state_from_record
 from machine.lifecycle import TERMINAL
+from projections.agreement import disagreement
 
 #: A PROJECTING record unchanged for longer than this is reported ``uncertain``.
 DEFAULT_STALE_AFTER_MS: Final = 5 * 60 * 1000
 #: The payloads a receipt never reads: every one but the bounded agent result.
 _PAYLOADS: Final = tuple(field for field in PAYLOAD_FIELDS if field != "result")
+#: Audit findings about payloads a receipt never reads (they are not in its fields).
+_UNREAD: Final = tuple(f"payload_digest_mismatch:{name}" for name in _PAYLOADS)
 #: The record fields :func:`record_view` reads as text: the state and the expiry.
 _STATE_FIELDS: Final = (*InvocationState.__struct_fields__, "expires_at_ms")
 
@@ -136,10 +141,12 @@ def journal_state(
 
     Precedence, first match wins: no events (``absent`` without a record, else
     ``evidence_degraded``); an event that does not decode (``unknown``); no record, a
-    broken chain, an illegal step, or a record field the fold does not produce
-    (``evidence_degraded``); a terminal record (``completed``); a non-terminal record
-    unchanged for longer than ``stale_after_ms`` (``uncertain``); ``dispatching`` while
-    executing; ``response_recorded`` once the raw response is stored.
+    record that disagrees with its journal's end (:func:`disagreement`), a broken
+    chain, an illegal step, a record field the fold does not produce, or a stored result
+    whose digest or size is not the recorded one (``evidence_degraded``); a terminal
+    record (``completed``); a non-terminal record unchanged for longer than
+    ``stale_after_ms`` (``uncertain``); ``dispatching`` while executing;
+    ``response_recorded`` once the raw response is stored.
     """
     if not events:
         return JournalState.ABSENT if record is None else JournalState.EVIDENCE_DEGRADED
@@ -147,8 +154,10 @@ def journal_state(
         return JournalState.UNKNOWN
     if record is None or record.state is None:
         return JournalState.EVIDENCE_DEGRADED
+    if disagreement(record.fields, events) is not None:
+        return JournalState.EVIDENCE_DEGRADED
     problems = verify_fields(record.fields, events)
-    if any(not problem.startswith("payload_digest_mismatch:") for problem in problems):
+    if any(problem not in _UNREAD for problem in problems):
         return JournalState.EVIDENCE_DEGRADED
     state = record.state
     if state.stage in TERMINAL:

@@ -26,6 +26,7 @@ from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from eventstore.store import Store
 from eventstore.writer import Head
+from projections.failures import FailureLog
 from projections.feed import FeedProjection
 from projections.generations import Generational, current_generation
 from projections.groups import (
@@ -115,7 +116,11 @@ class Worker:
         self.min_idle_ms = min_idle_ms
         self.metrics = metrics
         self.handler = EntryHandler(
-            projection, max_deliveries=max_deliveries, throttle_ms=throttle_ms, metrics=metrics
+            projection,
+            max_deliveries=max_deliveries,
+            throttle_ms=throttle_ms,
+            metrics=metrics,
+            failures=FailureLog(store),
         )
         self.generation = generation
         self._stop = asyncio.Event()

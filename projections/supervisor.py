@@ -18,6 +18,7 @@ import uvicorn
 from starlette.types import ASGIApp
 
 from eventstore.logs import get_logger
+from projections.connections import ConnectionLimits, ServedApp, guarded_protocol
 from projections.runtime import Worker
 
 log = get_logger("canon.projections")
@@ -57,15 +58,29 @@ async def run_workers(
 class ReceiptServer(uvicorn.Server):
     """A uvicorn server that leaves signal handling to its owner.
 
+    Its connections are bounded by ``limits`` and every answer says ``no-store``
+    (:mod:`projections.connections`).
+
     Stop it with :meth:`stop`; ``await server.serve()`` returns once it has shut down.
     """
 
-    def __init__(self, app: ASGIApp, *, host: str = "127.0.0.1", port: int = 0) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        host: str = "127.0.0.1",
+        port: int = 0,
+        limits: ConnectionLimits | None = None,
+    ) -> None:
+        limits = limits or ConnectionLimits()
         super().__init__(
             uvicorn.Config(
-                app,
+                ServedApp(app),
                 host=host,
                 port=port,
+                # Bounded connections, and no-store on the answers the HTTP layer makes
+                # itself (see projections.connections).
+                http=guarded_protocol(limits),
                 # The access log would print request lines; a query string may hold anything.
                 access_log=False,
                 log_config=None,

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import inspect
 import os
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any, cast
@@ -159,3 +161,26 @@ async def record_fields(store: Store, run_id: str, tool_call_id: str) -> dict[by
     return cast(
         dict[bytes, bytes], await store.client.hgetall(store.keys.record(run_id, tool_call_id))
     )
+
+
+async def wait_until(
+    condition: Callable[[], bool | Awaitable[bool]], *, timeout_s: float = 10.0
+) -> None:
+    """Poll ``condition`` (plain or async) until it is true; fail after ``timeout_s``.
+
+    Tests wait on what they need to have happened, never on a fixed time: on a busy
+    machine a fixed sleep is too short, and the bound here is only a backstop.
+    """
+    loop = asyncio.get_running_loop()
+    started = loop.time()
+    while True:
+        outcome = condition()
+        if inspect.isawaitable(outcome):
+            outcome = await outcome
+        if outcome:
+            return
+        elapsed = loop.time() - started
+        assert elapsed < timeout_s, f"condition not met within {timeout_s} s"
+        # For the first 50 ms a poll only yields, so a condition met one loop turn later
+        # is seen in that turn; then it polls every 5 ms.
+        await asyncio.sleep(0 if elapsed < 0.05 else 0.005)

@@ -13,10 +13,10 @@ from collections.abc import Awaitable, Callable
 
 from rich.console import Console
 
-from canon.connection import configured_url
+from canon.connection import ACCESS_DENIED_MESSAGE, configured_url
 from canon.exitcodes import RET_USAGE
 from eventstore.audit import open_read_only
-from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.store import Store
 
 
@@ -33,8 +33,8 @@ def stdout_console() -> Console:
 def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[int]]) -> int:
     """Open the configured store read-only, run ``work`` on it, and return its exit code.
 
-    No Redis configured, invalid settings or an unreachable server give one line on
-    standard error (never the URL or a password) and :data:`RET_USAGE`.
+    No Redis configured, invalid settings, an unreachable server or an ACL denial give
+    one line on standard error (never the URL or a password) and :data:`RET_USAGE`.
     """
     url = configured_url(args)
     if url is None:
@@ -53,6 +53,8 @@ def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[in
         return asyncio.run(main())
     except InvalidArgument as exc:
         fail(f"invalid connection settings: {exc}")
+    except AccessDenied:
+        fail(ACCESS_DENIED_MESSAGE)
     except StoreUnavailable as exc:
         fail(f"the Redis server is unavailable ({exc})")
     return RET_USAGE

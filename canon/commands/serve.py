@@ -23,6 +23,12 @@ from canon.service import (
     run_service,
     serving_metrics,
 )
+from projections.connections import (
+    DEFAULT_HEADER_TIMEOUT_S,
+    DEFAULT_IDLE_TIMEOUT_S,
+    DEFAULT_MAX_CONNECTIONS,
+    ConnectionLimits,
+)
 from projections.http import create_app
 from projections.metrics import Metrics
 from projections.supervisor import ReceiptServer
@@ -43,17 +49,47 @@ def register(subparsers: Any) -> None:
     parser.add_argument(
         "--with-workers", action="store_true", help="also run the projection workers"
     )
+    parser.add_argument(
+        "--header-timeout-s",
+        type=float,
+        default=DEFAULT_HEADER_TIMEOUT_S,
+        help="seconds a request may take to arrive whole, else its connection is closed "
+        "(%(default)s)",
+    )
+    parser.add_argument(
+        "--idle-timeout-s",
+        type=float,
+        default=DEFAULT_IDLE_TIMEOUT_S,
+        help="seconds a kept-alive connection may wait for its next request (%(default)s)",
+    )
+    parser.add_argument(
+        "--max-connections",
+        type=int,
+        default=DEFAULT_MAX_CONNECTIONS,
+        help="open connections at most; past it the longest-waiting idle one is closed "
+        "(%(default)s)",
+    )
     add_worker_args(parser)
     add_logging_args(parser)
     parser.set_defaults(handler=run)
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    async with open_store(args, embedded=True) as store:
+    # Without workers the process only reads: it may run as the reader ACL user.
+    async with open_store(args, embedded=True, read_only=not args.with_workers) as store:
         if args.strict_durability:
             await store.check_durability("strict")
         metrics = Metrics()
-        server = ReceiptServer(create_app(store, metrics=metrics), host=args.host, port=args.port)
+        server = ReceiptServer(
+            create_app(store, metrics=metrics),
+            host=args.host,
+            port=args.port,
+            limits=ConnectionLimits(
+                header_timeout_s=args.header_timeout_s,
+                idle_timeout_s=args.idle_timeout_s,
+                max_connections=args.max_connections,
+            ),
+        )
         workers = build_workers(store, args, metrics) if args.with_workers else []
 
         def stop(signum: signal.Signals) -> None:

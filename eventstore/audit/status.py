@@ -1,8 +1,9 @@
 """Namespace health at a glance: records by status, feeds, consumer lag, dead letters, memory.
 
 Everything is read: SCAN + HGET for the status counts, XLEN and XINFO GROUPS per shard
-feed, XLEN per dead-letter stream, INFO memory and CONFIG GET for the server settings
-this store relies on (``noeviction``; append-only persistence).
+feed, XLEN per dead-letter stream, INFO memory and INFO persistence for the settings this
+store relies on (``noeviction``; append-only persistence; CONFIG GET when INFO lacks them)
+and CONFIG GET for the cost settings (reported as unreadable when CONFIG is refused).
 """
 
 from __future__ import annotations
@@ -59,6 +60,7 @@ def _shown(value: object) -> str:
 
 
 async def _config(store: Store, name: str) -> str:
+    """A setting by CONFIG GET, or ``unknown`` when CONFIG is refused."""
     try:
         reply = cast(dict[Any, Any], await store.client.config_get(name))
     except redis.exceptions.ResponseError:  # CONFIG is often disabled on managed servers
@@ -97,6 +99,8 @@ async def _groups(store: Store, shard: int) -> list[GroupLag]:
     feed = store.keys.feed(shard)
     try:
         infos: list[dict[str, Any]] = await store.client.xinfo_groups(feed)
+    except redis.exceptions.NoPermissionError:
+        raise  # an ACL denial is not "no groups"
     except redis.exceptions.ResponseError:  # no feed yet: "no such key"
         return []
     groups = []
@@ -156,9 +160,20 @@ async def namespace_status(store: Store) -> NamespaceStatus:
                 pipe.xlen(keys.dead_letters(shard))
             lengths = cast(list[int], await pipe.execute())
         groups = [group for shard in range(keys.shards) for group in await _groups(store, shard)]
+        # INFO first: it holds both settings, and users denied CONFIG (it can read the
+        # server's passwords) may read it.
         memory: dict[str, Any] = await store.client.info("memory")
-        policy = await _config(store, "maxmemory-policy")
-        appendonly = await _config(store, "appendonly")
+        persistence: dict[str, Any] = await store.client.info("persistence")
+        policy = (
+            _shown(memory["maxmemory_policy"])
+            if "maxmemory_policy" in memory
+            else await _config(store, "maxmemory-policy")
+        )
+        appendonly = (
+            ("yes" if int(persistence["aof_enabled"]) else "no")
+            if "aof_enabled" in persistence
+            else await _config(store, "appendonly")
+        )
         cost_warnings = await check_server_settings(store.client)
     status = NamespaceStatus(
         namespace=keys.namespace,
@@ -174,5 +189,6 @@ async def namespace_status(store: Store) -> NamespaceStatus:
         warnings=[],
     )
     # The eviction warning of health_warnings already covers maxmemory-policy.
-    extra = [w for w in cost_warnings if "maxmemory-policy" not in w]
+    # (Only that one: the line saying the settings could not be read names the policy too.)
+    extra = [w for w in cost_warnings if not w.startswith("maxmemory-policy is")]
     return msgspec.structs.replace(status, warnings=health_warnings(status) + extra)

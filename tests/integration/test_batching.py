@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from datetime import timedelta
 from typing import Any
 
@@ -18,7 +18,7 @@ from eventstore.errors import Refused, StoreUnavailable
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
-from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields
+from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields, wait_until
 
 PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 INCR = "return redis.call('INCR', KEYS[1])"
@@ -176,15 +176,35 @@ async def test_a_refusal_in_a_batch_leaves_the_others_applied(store: Store) -> N
     assert sorted(r.tool_call_id for r in results if isinstance(r, Head)) == ["a", "b", "c"]
 
 
+@pytest.fixture
+async def spawn() -> AsyncIterator[Callable[[Coroutine[Any, Any, Any]], asyncio.Task[Any]]]:
+    """Starts tasks that are cancelled and awaited at the end of the test, whatever
+    happened in it: a failed assertion never leaves a call running into the next test."""
+    tasks: list[asyncio.Task[Any]] = []
+
+    def start(coroutine: Coroutine[Any, Any, Any]) -> asyncio.Task[Any]:
+        task = asyncio.create_task(coroutine)
+        tasks.append(task)
+        return task
+
+    yield start
+    for task in tasks:
+        task.cancel()
+    await asyncio.gather(*tasks, return_exceptions=True)
+
+
 async def test_a_caller_cancelled_before_the_flush_is_never_sent(
-    redis: Redis, namespace: str
+    redis: Redis, namespace: str, spawn: Any
 ) -> None:
     """Cancelling a queued call drops it; the other calls of its turn still run."""
     batcher = ScriptBatcher(redis)
     push = redis.register_script(PUSH)
     key = f"{namespace}:cancel"
-    tasks = [asyncio.create_task(batcher.call(push, [key], [i])) for i in range(6)]
-    await asyncio.sleep(0)  # every call is queued, the flush is not yet run
+    tasks = [spawn(batcher.call(push, [key], [i])) for i in range(6)]
+    # One turn: every task has queued its call (their steps were scheduled before the
+    # flush, which the first call schedules), and the flush has not yet run.
+    await asyncio.sleep(0)
+    assert len(batcher._queue) == 6 and not batcher.stats.round_trips
     tasks[3].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(results[3], asyncio.CancelledError)
@@ -193,18 +213,17 @@ async def test_a_caller_cancelled_before_the_flush_is_never_sent(
 
 
 async def test_a_caller_cancelled_in_flight_leaves_the_others_answered(
-    redis: Redis, namespace: str
+    redis: Redis, namespace: str, spawn: Any
 ) -> None:
     """Cancelling a caller whose batch is on the wire changes nothing for its neighbours."""
     batcher = ScriptBatcher(redis)
     push = redis.register_script(PUSH)
     key = f"{namespace}:flight"
-    tasks = [asyncio.create_task(batcher.call(push, [key], [i])) for i in range(6)]
-    for _ in range(1000):  # until the batch has been taken for sending
-        if batcher.stats.round_trips:
-            break
-        await asyncio.sleep(0)
-    assert batcher.stats.round_trips == 1
+    tasks = [spawn(batcher.call(push, [key], [i])) for i in range(6)]
+    # Until the batch has been taken for sending (however long a connection takes on a
+    # busy machine). The reply cannot have been read yet: that takes another loop turn.
+    await wait_until(lambda: batcher.stats.round_trips > 0)
+    assert batcher.stats.round_trips == 1 and not tasks[0].done()
     tasks[0].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
     assert isinstance(results[0], asyncio.CancelledError)

@@ -13,6 +13,7 @@ from eventstore.store import Store
 from machine.codes import EvidenceStatus
 from projections import ReceiptWorker
 from projections.lag import shard_lag, trim_feeds
+from tests.helpers import wait_until
 
 RUN = "run-w"
 
@@ -177,7 +178,9 @@ async def test_stop_finishes_the_batch_and_acknowledges_it(make_store: Any, redi
     task = asyncio.create_task(worker.run())
     for i in range(5):
         await finished(store, f"c{i}")
-    await asyncio.sleep(0.05)
+    # Stopped once it is inside its work, not after a fixed time that a busy machine
+    # may not give it.
+    await wait_until(lambda: worker.counters["applied"] + worker.counters["stale"] > 0)
     worker.stop()
     await asyncio.wait_for(task, 5)
 

@@ -31,6 +31,7 @@ from projections.inspection import inspect_invocation
 from projections.rebuild import Rebuild, RebuildInProgress
 from projections.receipts import decode_receipt, encode_receipt
 from projections.runtime import Worker
+from tests.helpers import wait_until
 
 RUN = "run-rb"
 
@@ -290,7 +291,14 @@ async def test_a_following_worker_does_not_recreate_the_group_of_a_retired_gener
     await store.open_run(RUN, deadline=timedelta(minutes=5))
     worker = ReceiptWorker(store, consumer="w", block_ms=50)
     async with following(worker):
-        await asyncio.sleep(0.2)
+
+        async def following_its_group() -> bool:
+            if not await redis.exists(store.keys.feed(0)):
+                return False
+            groups = await redis.xinfo_groups(store.keys.feed(0))
+            return any(group["name"] == b"receipts" and group["consumers"] for group in groups)
+
+        await wait_until(following_its_group)
         await redis.hset(store.keys.meta(), "generation:receipts", 2)
         await redis.xgroup_destroy(store.keys.feed(0), "receipts")
         head = await finished(store, "c1")

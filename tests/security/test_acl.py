@@ -19,7 +19,7 @@ from redis.asyncio import Redis
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
 from eventstore.embedded import EmbeddedRedis, ServerBinary
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import AccessDenied
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app, read_view
@@ -235,9 +235,10 @@ async def test_reader_runs_the_audit_tools_and_serves_receipts(
 
 
 async def test_reader_cannot_write(server: EmbeddedRedis, admin: Redis) -> None:
-    """Every write command fails with NOPERM for the reader; entering a store on an
-    existing namespace only reads its metadata, and entering one that would have to record
-    the metadata (a new namespace) is refused as the store being unavailable."""
+    """Every write command fails with NOPERM for the reader; a writing store it enters on
+    the existing namespace (which needs no write) refuses its first write as an ACL
+    denial, and entering one that would have to record the metadata (a new namespace)
+    is refused as an ACL denial too, writing nothing."""
     _, _, writer = await write_calls(server)
     await writer.aclose()
     reader = Store.from_url(url_of(server, "canon-reader"), shards=4)
@@ -245,10 +246,12 @@ async def test_reader_cannot_write(server: EmbeddedRedis, admin: Redis) -> None:
         await assert_refused(reader.client, [*WRITES, *NEVER_ALLOWED])
     finally:
         await reader.aclose()
-    async with Store.from_url(url_of(server, "canon-reader"), shards=4) as entered:
-        assert entered.keys.shards == 4
+    async with Store.from_url(url_of(server, "canon-reader"), shards=4) as store:
+        assert store.keys.shards == 4
+        with pytest.raises(AccessDenied):
+            await store.open_run("run-b", deadline=timedelta(minutes=5))
     await admin.delete("canon:meta")
-    with pytest.raises(StoreUnavailable):
+    with pytest.raises(AccessDenied):
         async with Store.from_url(url_of(server, "canon-reader"), shards=4):
             pass
     assert await admin.exists("canon:meta") == 0

@@ -14,6 +14,7 @@ Tests import :data:`LOG_FORBIDDEN` and :func:`forbid_in_logs` from here.
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -121,6 +122,17 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     structlog.testing.LogCapture.__call__ = _original_capture  # type: ignore[method-assign]
     logging.getLogger().removeHandler(_SCAN_HANDLER)
     logging.getLogger("canon").setLevel(logging.NOTSET)
+
+
+@pytest.fixture(autouse=True)
+def _no_cli_log_handler_left() -> Iterator[None]:
+    """Remove the root handler a ``canon`` command run in-process installs for its process
+    (here the test session), once the test is over. Only that one, by name: a test that
+    cuts the scan's own handler off must still fail the session."""
+    yield
+    root = logging.getLogger()
+    for handler in [h for h in root.handlers if h.get_name() == "canon.stdlib"]:
+        root.removeHandler(handler)
 
 
 def pytest_runtest_setup(item: pytest.Item) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Iterator
 
 import pytest
@@ -21,7 +22,8 @@ class Terminal(io.StringIO):
 
 @pytest.fixture(autouse=True)
 def restore_structlog() -> Iterator[None]:
-    """Put back the structlog configuration each test replaces (other tests depend on it)."""
+    """Put back the structlog configuration each test replaces (other tests depend on it);
+    the root handler configure_logging adds is removed by the suite's conftest."""
     saved = structlog.get_config()
     yield
     structlog.configure(**saved)
@@ -96,3 +98,36 @@ def test_by_default_anything_else_gets_json(monkeypatch: pytest.MonkeyPatch):
 
     [line] = text.splitlines()
     assert json.loads(line)["event"] == "invocation_finished"
+
+
+def test_stdlib_records_follow_the_format_without_traces(monkeypatch: pytest.MonkeyPatch):
+    """A record of another library's stdlib logger (uvicorn's, with an exception) is one
+    JSON line naming its logger and the exception's type, never a traceback."""
+    stderr = io.StringIO()
+    monkeypatch.setattr("sys.stderr", stderr)
+    configure_logging(json=True)
+    try:
+        raise ConnectionResetError("peer went away")
+    except ConnectionResetError as exc:
+        record = logging.getLogger("uvicorn.error").makeRecord(
+            "uvicorn.error",
+            logging.WARNING,
+            __file__,
+            1,
+            "Invalid HTTP request received.",
+            (),
+            (type(exc), exc, exc.__traceback__),
+        )
+    # Handed to the installed handler alone: the session's log scan (also on the root
+    # logger) would rightly report the trace this record carries on its way in.
+    (handler,) = [h for h in logging.getLogger().handlers if h.get_name() == "canon.stdlib"]
+    handler.handle(record)
+    lines = stderr.getvalue().splitlines()
+    assert len(lines) == 1 and "Traceback" not in lines[0] and "peer went away" not in lines[0]
+    event = json.loads(lines[0])
+    assert event["event"] == "Invalid HTTP request received."
+    assert (event["logger"], event["level"], event["error"]) == (
+        "uvicorn.error",
+        "warning",
+        "ConnectionResetError",
+    )

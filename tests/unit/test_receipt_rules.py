@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import re
-from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -231,22 +230,27 @@ def test_undecodable_event_gives_unknown_journal_and_dispatch() -> None:
     assert r.result is not None and r.result["state"] == "reconciliation_required"
 
 
-def _undecodable(fields: Fields) -> None:
-    fields["result"] = b'{"answer": '
-
-
-def _digest_mismatch(fields: Fields) -> None:
-    fields["result"] = RESULT.replace(b"3", b"4")
-
-
-@pytest.mark.parametrize("corrupt", [_undecodable, _digest_mismatch], ids=["json", "digest"])
-def test_malformed_stored_result_gives_null(corrupt: Callable[[Fields], None]) -> None:
-    """A stored result that does not decode or match its event's digest gives result null."""
-    fields, events = invocation(*READY)
-    corrupt(fields)
-    r = receipt(fields, events)
+def test_a_stored_result_not_json_gives_null() -> None:
+    """A stored result that matches its event's digest but does not decode is malformed:
+    the journal is completed, the result null (never a guessed success)."""
+    r = receipt(*invocation(*READY, result=b'{"answer": '))
     assert (r.result, r.result_source) == (None, "none")
     assert r.journal_state == "completed"
+
+
+@pytest.mark.parametrize(
+    "stored", [b'{"answer": ', RESULT.replace(b"3", b"4")], ids=["truncated", "same_size"]
+)
+def test_a_stored_result_that_is_not_the_completed_one_is_evidence_degraded(
+    stored: bytes,
+) -> None:
+    """Result bytes whose digest is not the one the Completed event recorded: the record
+    disagrees with its journal, so evidence_degraded and no success."""
+    fields, events = invocation(*READY)
+    fields["result"] = stored
+    r = receipt(fields, events)
+    assert r.journal_state == "evidence_degraded"
+    assert r.result is not None and r.result["state"] == "reconciliation_required"
 
 
 def test_stored_result_over_the_limit_gives_null() -> None:

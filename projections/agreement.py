@@ -1,0 +1,127 @@
+"""Does a record still agree with its journal? The cheap check made on every receipt read.
+
+A full audit re-folds every event (:func:`eventstore.audit.verify_fields`). A receipt is
+read far more often than it is audited, and a materialized receipt was built from the
+record as it was then, so every read of one re-checks, without folding, what a record
+and a journal that disagree always show:
+
+============================ ==============================================================
+reason                       what disagrees
+============================ ==============================================================
+``record_without_stream``    the record exists, its event stream does not
+``stream_without_record``    the stream exists, its record does not
+``unknown_stage``            the record's ``stage`` or ``status`` is not a stored lifecycle
+                             value
+``stream_length``            the stream holds more or fewer events than the record's
+                             ``version`` (or more than a lifecycle can have)
+``undecodable_event``        the last event does not decode
+``version_mismatch``         the last event does not carry the record's ``version``
+``last_hash_mismatch``       the last event's bytes do not hash to the record's ``last_hash``
+``stage_mismatch``           the record's status is not its stage's, or the last event's
+                             type is not the one that stage follows
+``result_digest_mismatch``   READY, and the stored result (or its recorded digest or size)
+                             is not the one the ``Completed`` event names
+``outcome_mismatch``         the record's evidence status or error code is not the one its
+                             terminal event names
+============================ ==============================================================
+
+The last event and the record's ``last_hash`` pin the whole chain: a change to an earlier
+event breaks the chain at the next one, which the full audit (and ``canon verify``) finds;
+this check answers for the record, the stream's end and the one payload a receipt shows.
+Pure: no I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Final
+
+from eventstore.reader import StoredEvent
+from machine.codes import Stage, Status
+from machine.events import (
+    EVENT_TYPES,
+    Completed,
+    Event,
+    Failed,
+    Preflighted,
+    ProjectingStarted,
+    payload_digest,
+)
+
+#: Events a stream may hold at most; a read of the stream asks for one more, so a longer
+#: (tampered) stream shows as too long without being read whole.
+MAX_EVENTS: Final = len(EVENT_TYPES)
+STREAM_READ_COUNT: Final = MAX_EVENTS + 1
+
+#: The event type each stage is reached by.
+_STATUS_VALUES: Final = frozenset(status.value for status in Status)
+#: The public status each stage shows (``NEW`` is never stored).
+_STATUS_OF: Final = {
+    Stage.EXECUTING.value: Status.PROJECTING.value,
+    Stage.PROJECTING.value: Status.PROJECTING.value,
+    Stage.READY.value: Status.READY.value,
+    Stage.ERROR.value: Status.ERROR.value,
+}
+_LAST_EVENT: Final[dict[str, type[Event]]] = {
+    Stage.EXECUTING.value: Preflighted,
+    Stage.PROJECTING.value: ProjectingStarted,
+    Stage.READY.value: Completed,
+    Stage.ERROR.value: Failed,
+}
+
+
+def _text(fields: Mapping[str, bytes], name: str) -> str | None:
+    value = fields.get(name)
+    return None if value is None else value.decode("utf-8", "replace")
+
+
+def _outcome_disagreement(fields: Mapping[str, bytes], event: Event) -> str | None:
+    """The terminal event's outcome against the record's (READY's result included)."""
+    if isinstance(event, Completed):
+        if _text(fields, "evidence_status") != event.evidence_status.value:
+            return "outcome_mismatch"
+        result = fields.get("result")
+        recorded = (_text(fields, "result_sha256"), _text(fields, "result_bytes"))
+        if (
+            result is None
+            or recorded != (event.result_sha256, str(event.result_bytes))
+            or len(result) != event.result_bytes
+            or payload_digest(result) != event.result_sha256
+        ):
+            return "result_digest_mismatch"
+    elif isinstance(event, Failed) and _text(fields, "error_code") != event.error_code.value:
+        return "outcome_mismatch"
+    return None
+
+
+def disagreement(fields: Mapping[str, bytes], events: Sequence[StoredEvent]) -> str | None:
+    """Return the first reason the record and its journal disagree, or None when they agree.
+
+    Args:
+        fields: the record's fields (names as text; {} when the record is absent).
+        events: the stream's events in order, possibly only its first
+            :data:`STREAM_READ_COUNT` ([] when the stream is absent).
+
+    """
+    if not events:
+        return "record_without_stream" if fields else None
+    if not fields:
+        return "stream_without_record"
+    stage, status = _text(fields, "stage"), _text(fields, "status")
+    if stage not in _LAST_EVENT or status not in _STATUS_VALUES:
+        return "unknown_stage"
+    if _STATUS_OF[stage] != status:
+        return "stage_mismatch"
+    version = _text(fields, "version")
+    if len(events) > MAX_EVENTS or version != str(len(events)):
+        return "stream_length"
+    last = events[-1]
+    if last.event is None:
+        return "undecodable_event"
+    if last.event.version != len(events):
+        return "version_mismatch"
+    if last.computed_hash != _text(fields, "last_hash"):
+        return "last_hash_mismatch"
+    if not isinstance(last.event, _LAST_EVENT[stage]):
+        return "stage_mismatch"
+    return _outcome_disagreement(fields, last.event)

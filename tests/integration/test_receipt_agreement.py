@@ -1,0 +1,123 @@
+"""A record that disagrees with its journal is never served as completed: not by the API
+(a materialized receipt is re-checked on every read), not by the receipt worker."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import timedelta
+from typing import Any
+
+import httpx
+import msgspec
+import pytest
+from redis.asyncio import Redis
+
+from eventstore.store import Store
+from machine.codes import EvidenceStatus
+from machine.ids import invocation_id
+from projections import ReceiptWorker, create_app
+from projections.receipts import RECONCILIATION_TEXT, decode_receipt
+
+RUN = "run-agree"
+Tamper = Callable[[Redis, Store], Awaitable[Any]]
+
+
+async def _delete_stream(redis: Redis, store: Store) -> None:
+    await redis.delete(store.keys.stream(RUN, "c1"))
+
+
+async def _unknown_stage(redis: Redis, store: Store) -> None:
+    await redis.hset(store.keys.record(RUN, "c1"), "stage", "FINISHED")
+
+
+async def _replaced_result(redis: Redis, store: Store) -> None:
+    # Same size, another digest: only the bytes changed.
+    await redis.hset(store.keys.record(RUN, "c1"), "result", b'{"answer":41}')
+
+
+TAMPERS = pytest.mark.parametrize(
+    "tamper",
+    [_delete_stream, _unknown_stage, _replaced_result],
+    ids=["stream_deleted", "unknown_stage", "result_replaced"],
+)
+
+
+@pytest.fixture
+async def api(make_store: Any) -> AsyncIterator[tuple[Store, httpx.AsyncClient, str]]:
+    """One READY call, the receipt API over it and the run's token."""
+    store: Store = make_store(shards=2)
+    token = (await store.open_run(RUN, deadline=timedelta(minutes=5))).access_token
+    head = await store.writer.create(RUN, "c1", "search", b'{"q":1}')
+    head = await store.writer.start_projecting(head, b'{"raw":"RAW"}')
+    await store.writer.complete(head, b'{"answer":42}', EvidenceStatus.EVIDENCE_FOUND, "s")
+    transport = httpx.ASGITransport(app=create_app(store))
+    async with httpx.AsyncClient(transport=transport, base_url="http://canon") as client:
+        yield store, client, token
+
+
+async def _served(client: httpx.AsyncClient, token: str) -> dict[str, Any]:
+    response = await client.get(
+        f"/v1/invocations/{invocation_id(RUN, 'c1')}/receipt",
+        headers={"Authorization": f"Bearer {token}"},
+    )
+    assert response.status_code == 200, response.text
+    body: dict[str, Any] = response.json()
+    return body
+
+
+def _assert_degraded(receipt: dict[str, Any]) -> None:
+    """evidence_degraded, and nothing that reads as a success."""
+    assert receipt["journal_state"] == "evidence_degraded"
+    assert receipt["result"] == {
+        "state": "reconciliation_required",
+        "ok": False,
+        "auto_retry_allowed": False,
+        "text": RECONCILIATION_TEXT,
+    }
+    assert receipt["result_source"] == "journal"
+    assert receipt["evidence_status"] == "PENDING"
+
+
+@TAMPERS
+async def test_a_materialized_receipt_is_not_served_once_the_record_disagrees(
+    api: tuple[Store, httpx.AsyncClient, str], redis: Redis, tamper: Tamper
+) -> None:
+    """The worker stored a completed receipt; after the record or stream is tampered with,
+    the API serves evidence_degraded, not the stored success."""
+    store, client, token = api
+    await ReceiptWorker(store, consumer="w").run(burst=True)
+    assert (await _served(client, token))["journal_state"] == "completed"
+
+    await tamper(redis, store)
+
+    _assert_degraded(await _served(client, token))
+
+
+@TAMPERS
+async def test_the_worker_materializes_a_disagreeing_record_as_degraded(
+    api: tuple[Store, httpx.AsyncClient, str], redis: Redis, tamper: Tamper
+) -> None:
+    """Tampered before the worker sees it: the stored receipt is evidence_degraded."""
+    store, client, token = api
+    await tamper(redis, store)
+
+    await ReceiptWorker(store, consumer="w").run(burst=True)
+
+    key = store.keys.receipt(RUN, invocation_id(RUN, "c1"))
+    stored = decode_receipt(await redis.hget(key, "receipt"))
+    _assert_degraded(msgspec.to_builtins(stored))
+    _assert_degraded(await _served(client, token))
+
+
+async def test_an_agreeing_materialized_receipt_is_still_served(
+    api: tuple[Store, httpx.AsyncClient, str], redis: Redis
+) -> None:
+    """The check costs no fallback for an intact record: the stored receipt is what is served."""
+    store, client, token = api
+    await ReceiptWorker(store, consumer="w").run(burst=True)
+    key = store.keys.receipt(RUN, invocation_id(RUN, "c1"))
+    stored = msgspec.json.decode(await redis.hget(key, "receipt"))
+    stored["result"]["scope"] = "materialized"
+    await redis.hset(key, "receipt", msgspec.json.encode(stored))
+
+    assert (await _served(client, token))["result"]["scope"] == "materialized"
