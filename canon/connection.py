@@ -7,6 +7,9 @@ append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in
 (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
 ``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
 ``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.
+A command that starts the embedded server says so on standard error, with the server's
+loopback URL (it has no password) and its data folder, so an operator can point the
+read-only commands at it while it runs.
 """
 
 from __future__ import annotations
@@ -14,11 +17,14 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-from collections.abc import AsyncIterator
+import sys
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from urllib.parse import quote, urlsplit, urlunsplit
 
+from canon.argtypes import positive
+from canon.failures import CommandError, check_url
 from eventstore.embedded import EmbeddedRedis
 from eventstore.errors import CanonError
 from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
@@ -29,10 +35,13 @@ class ConnectionSettingsError(CanonError):
     """Raised when no Redis server is configured and none may be started."""
 
 
-def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
+def add_connection_args(
+    parser: argparse.ArgumentParser, *, embedded: bool = False, writes: bool = True
+) -> None:
     """Add ``--redis-url``, ``--cluster``, ``--namespace``, ``--shards``, ``--ttl-s``.
 
-    With ``embedded``, also ``--data-dir``.
+    With ``embedded``, also ``--data-dir``. Without ``writes`` (a read-only command, which
+    creates no record), no ``--ttl-s``.
     """
     parser.add_argument(
         "--redis-url",
@@ -53,16 +62,17 @@ def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = Fal
     )
     parser.add_argument(
         "--shards",
-        type=int,
+        type=positive,
         default=int(os.environ.get("CANON_SHARDS", DEFAULT_SHARDS)),
         help="shard count of the namespace (default: %(default)s)",
     )
-    parser.add_argument(
-        "--ttl-s",
-        type=int,
-        default=int(DEFAULT_TTL.total_seconds()),
-        help="record TTL in seconds for new records (default: %(default)s)",
-    )
+    if writes:
+        parser.add_argument(
+            "--ttl-s",
+            type=positive,
+            default=int(DEFAULT_TTL.total_seconds()),
+            help="record TTL in seconds for new records (default: %(default)s)",
+        )
     if embedded:
         parser.add_argument(
             "--data-dir",
@@ -89,20 +99,53 @@ def with_credentials(url: str) -> str:
 
 
 def configured_url(args: argparse.Namespace) -> str | None:
-    """Return the configured Redis URL (flag, then environment), or None."""
+    """Return the configured Redis URL (flag, then environment), or None.
+
+    Raises:
+        CommandError: the URL is not one Redis understands.
+    """
     url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL")
+    if url:
+        check_url(url)
     return with_credentials(url) if url else None
 
 
+def announce_embedded(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
+    """Say on standard error where the embedded server listens and keeps its data."""
+    print(
+        f"canon: started an embedded Redis at {server.url} (data in {data_dir}); "
+        "it stops when this command exits",
+        file=sys.stderr,
+    )
+
+
 def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
-    """Start a private server that keeps an append-only file in ``data_dir``."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    """Start a private server that keeps an append-only file in ``data_dir``.
+
+    Raises:
+        CommandError: the folder cannot be created or written.
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(data_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise CommandError(f"cannot use --data-dir {data_dir}: {reason}") from None
     return EmbeddedRedis(data_dir=data_dir.resolve(), appendonly=True).start()
 
 
 @asynccontextmanager
-async def open_store(args: argparse.Namespace, *, embedded: bool = False) -> AsyncIterator[Store]:
+async def open_store(
+    args: argparse.Namespace,
+    *,
+    embedded: bool = False,
+    announce: Callable[[EmbeddedRedis, pathlib.Path], None] = announce_embedded,
+) -> AsyncIterator[Store]:
     """Open the store the arguments describe; start an embedded server when allowed.
+
+    ``announce`` is told the embedded server and its data folder once it runs (by
+    default a line on standard error).
 
     Raises:
         ConnectionSettingsError: no server is configured and ``embedded`` is False.
@@ -114,13 +157,16 @@ async def open_store(args: argparse.Namespace, *, embedded: bool = False) -> Asy
         if url is None:
             if not embedded:
                 raise ConnectionSettingsError("no Redis configured: set REDIS_URL or --redis-url")
-            url = stack.enter_context(_start_embedded(args.data_dir)).url
+            server = stack.enter_context(_start_embedded(args.data_dir))
+            announce(server, args.data_dir.resolve())
+            url = server.url
         store = Store.from_url(
             url,
             cluster=cluster,
             namespace=args.namespace,
             shards=args.shards,
-            ttl=timedelta(seconds=args.ttl_s),
+            # Commands that create no record have no --ttl-s; the default then applies.
+            ttl=timedelta(seconds=getattr(args, "ttl_s", None) or DEFAULT_TTL.total_seconds()),
         )
         await stack.enter_async_context(store)
         yield store

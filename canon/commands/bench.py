@@ -25,7 +25,13 @@ from canon.exitcodes import RET_OK, RET_PROBLEM
 def register(subparsers: Any) -> None:
     """Add the ``bench`` subcommand."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "bench", help="measure throughput, latency, memory and scale against the Redis floor"
+        "bench",
+        help="measure throughput, latency, memory and scale against the Redis floor",
+        description="Measure the store's throughput, latency, memory per record and scale "
+        "against plain Redis commands on the same server (the floor), print the tables and "
+        "each goal as PASS or SHORT, and optionally write the JSON report. Starts private "
+        "Redis servers unless --redis-url or REDIS_URL names one. Exit 0 whether goals "
+        "pass or not (it measures, it does not gate), 1 when it could not run.",
     )
     parser.add_argument("--quick", action="store_true", help="CI-size run (well under a minute)")
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here ('-': stdout)")
