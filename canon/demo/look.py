@@ -15,7 +15,7 @@ from urllib.parse import urlsplit, urlunsplit
 
 from rich.console import Console
 
-#: Stands for the URL of the server a later command starts (its first line prints it).
+#: Stands for the URL of the server a later command starts (it logs the URL).
 URL_PLACEHOLDER = "URL"
 
 
@@ -82,7 +82,7 @@ def print_look(console: Console, where: Where) -> None:
         data_dir = shlex.quote(str(where.data_dir))
         console.print(
             f"The embedded Redis stopped with the demo; its data stays in {where.data_dir}. "
-            "Start a server on that data (its first line prints the URL):",
+            "Start a server on that data (its embedded_redis_started log line gives the URL):",
             highlight=False,
         )
         console.print(f"  canon serve --data-dir {data_dir}", soft_wrap=True, highlight=False)

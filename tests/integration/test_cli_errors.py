@@ -53,6 +53,8 @@ CASES: list[tuple[list[str], int, str]] = [
     (["rebuild", "nonsense"], RET_USAGE, "invalid choice"),
     (["rebuild", "receipts", "--redis-url", REFUSED], RET_UNAVAILABLE, "refused"),
     (["bench", "--no-such-flag"], RET_USAGE, "unrecognized arguments"),
+    (["bench", "--quick", "--redis-url", "foo://x"], RET_USAGE, "redis://, rediss://"),
+    (["bench", "--quick", "--redis-url", REFUSED], RET_UNAVAILABLE, "connection was refused"),
 ]
 
 

@@ -4,6 +4,7 @@ leaves an operator: the commands it prints work against the data it kept."""
 from __future__ import annotations
 
 import io
+import json
 import os
 import pathlib
 import re
@@ -55,7 +56,7 @@ def _canon(*argv: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def serve_data(tmp_path: pathlib.Path) -> Iterator[Any]:
-    """Starts ``canon serve --data-dir DIR``; returns the embedded URL it prints. Each
+    """Starts ``canon serve --data-dir DIR``; returns the embedded URL it logs. Each
     process is terminated and reaped by pid at the end."""
     processes: list[subprocess.Popen[str]] = []
 
@@ -74,13 +75,11 @@ def serve_data(tmp_path: pathlib.Path) -> Iterator[Any]:
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
             assert process.poll() is None, log_path.read_text()
-            found = re.search(
-                r"started an embedded Redis at (redis://\S+) \(data in (.+?)\)",
-                log_path.read_text(),
-            )
-            if found:
-                assert pathlib.Path(found.group(2)) == data_dir.resolve()
-                return found.group(1)
+            for line in log_path.read_text().splitlines():
+                event = json.loads(line) if line.startswith("{") else {}
+                if event.get("event") == "embedded_redis_started":
+                    assert pathlib.Path(event["data_dir"]) == data_dir.resolve()
+                    return str(event["url"])
             time.sleep(0.05)
         raise AssertionError("canon serve printed no embedded URL")
 
