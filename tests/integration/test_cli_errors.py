@@ -34,6 +34,7 @@ CASES: list[tuple[list[str], int, str]] = [
     (["serve", "--port", "99999"], RET_USAGE, "--port: must be a port number"),
     (["serve", "--port", "IN_USE", "--redis-url", REFUSED], RET_USAGE, "is in use"),
     (["serve", "--log-level", "LOUD"], RET_USAGE, "--log-level: must be one of"),
+    (["serve", "--port", "0", "--redis-url", REFUSED], RET_UNAVAILABLE, "connection was refused"),
     (["workers", "--log-level", "LOUD"], RET_USAGE, "--log-level: must be one of"),
     (["workers", "--batch", "0"], RET_USAGE, "--batch: must be a whole number"),
     (["workers", "--metrics-port", "-1"], RET_USAGE, "--metrics-port: must be a port number"),
