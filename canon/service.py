@@ -13,14 +13,13 @@ import asyncio
 import contextlib
 import gc
 import os
-import sys
 from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
-from canon.connection import ACCESS_DENIED_MESSAGE, ConnectionSettingsError
-from canon.exitcodes import RET_OK, RET_USAGE
+from canon.argtypes import log_level, non_negative, port_number, positive
+from canon.exitcodes import RET_OK
+from canon.failures import bind_errors
 from canon.logs import configure_logging
-from eventstore.errors import AccessDenied, CanonError, StoreUnavailable
 from eventstore.store import Store
 from projections.metrics import Metrics, metrics_server
 from projections.progress import ProgressWorker
@@ -33,7 +32,12 @@ THROTTLE_ENV: Final = "CANON_WORKER_THROTTLE_MS"
 
 def add_logging_args(parser: argparse.ArgumentParser) -> None:
     """Add ``--log-level`` and ``--log-format``."""
-    parser.add_argument("--log-level", default="INFO", help="lowest level logged (INFO)")
+    parser.add_argument(
+        "--log-level",
+        type=log_level,
+        default="INFO",
+        help="lowest level logged: DEBUG, INFO, WARNING, ERROR or CRITICAL (INFO)",
+    )
     parser.add_argument(
         "--log-format",
         choices=("auto", "json", "console"),
@@ -51,22 +55,25 @@ def setup_logging(args: argparse.Namespace) -> None:
 def add_worker_args(parser: argparse.ArgumentParser) -> None:
     """Add the options of the projection workers."""
     parser.add_argument("--consumer", default=None, help="consumer name (default: host-pid)")
-    parser.add_argument("--block-ms", type=int, default=1000, help="XREADGROUP block (1000)")
-    parser.add_argument("--batch", type=int, default=64, help="entries per read (64)")
+    parser.add_argument("--block-ms", type=positive, default=1000, help="XREADGROUP block (1000)")
+    parser.add_argument("--batch", type=positive, default=64, help="entries per read (64)")
     parser.add_argument(
         "--min-idle-ms",
-        type=int,
+        type=non_negative,
         default=30_000,
         help="take over entries pending this long in any consumer (30000)",
     )
     parser.add_argument(
         "--max-deliveries",
-        type=int,
+        type=positive,
         default=5,
         help="deliveries after which an entry is dead-lettered (5)",
     )
     parser.add_argument(
-        "--metrics-port", type=int, default=None, help="serve Prometheus metrics on this port"
+        "--metrics-port",
+        type=port_number,
+        default=None,
+        help="serve Prometheus metrics on this loopback port",
     )
     parser.add_argument(
         "--strict-durability",
@@ -96,7 +103,9 @@ def serving_metrics(metrics: Metrics, port: int | None) -> Any:
     if port is None:
         yield None
         return
-    with metrics_server(metrics, port) as bound:
+    with contextlib.ExitStack() as stack:
+        with bind_errors("--metrics-port", "127.0.0.1", port):
+            bound = stack.enter_context(metrics_server(metrics, port))
         yield bound
 
 
@@ -113,21 +122,12 @@ def freeze_startup_heap() -> None:
 def run_service(
     args: argparse.Namespace, main: Callable[[argparse.Namespace], Coroutine[Any, Any, None]]
 ) -> int:
-    """Run a long-lived command; store and settings errors become one line and exit 2."""
+    """Run a long-lived command until it returns; exit 0.
+
+    Store and settings errors propagate to ``canon.cli``, which prints them as one line
+    with their exit code (:mod:`canon.failures`).
+    """
     setup_logging(args)
     freeze_startup_heap()
-    try:
-        asyncio.run(main(args))
-    except ConnectionSettingsError as exc:
-        print(f"canon: error: {exc}", file=sys.stderr)
-        return RET_USAGE
-    except AccessDenied:
-        print(f"canon: error: {ACCESS_DENIED_MESSAGE}", file=sys.stderr)
-        return RET_USAGE
-    except StoreUnavailable:
-        print("canon: error: the Redis server is unavailable", file=sys.stderr)
-        return RET_USAGE
-    except (CanonError, ValueError) as exc:
-        print(f"canon: error: {exc}", file=sys.stderr)
-        return RET_USAGE
+    asyncio.run(main(args))
     return RET_OK

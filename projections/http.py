@@ -13,7 +13,8 @@ refused with 400 (the last two before any record is read, so a malformed id neve
 storage); the invocation is looked up through the token's run only (404
 ``invocation_not_found`` for absent, expired and other runs' invocations alike); a tool
 revoked since the call gives 409. A store failure is 503, anything unexpected 500, neither
-with details. There is no pause check: inspection works while execution is paused.
+with details. There is no pause check: inspection works while execution is paused. A 401
+carries ``WWW-Authenticate: Bearer`` (RFC 6750).
 """
 
 from __future__ import annotations
@@ -46,6 +47,12 @@ from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_rec
 log = get_logger("canon.http")
 
 CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
+#: Every route served, as ``canon serve --help`` lists them.
+ROUTES: Final = (
+    f"GET {CAPABILITIES_PATH}",
+    "GET /v1/invocations/<invocation id>/receipt",
+    "GET /v1/runs/<run id>/progress",
+)
 # Any one segment, so a malformed id is told apart (400) from a path of another shape
 # (404); the segment is checked with is_invocation_id before any lookup.
 _RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([^/]*)/receipt")
@@ -70,6 +77,13 @@ def _json(status: int, body: bytes | dict[str, Any]) -> Response:
 def _error(status: int, code: str, message: str | None = None) -> Response:
     body = {"error": code} if message is None else {"error": code, "message": message}
     return _json(status, body)
+
+
+def _unauthorized() -> Response:
+    """401 with the challenge RFC 6750 asks for: the client learns to send a Bearer token."""
+    response = _error(401, "unauthorized")
+    response.headers["WWW-Authenticate"] = 'Bearer realm="canon"'
+    return response
 
 
 class NoStoreMiddleware:
@@ -155,7 +169,7 @@ async def progress_document(store: Store, run_id: str) -> dict[str, Any]:
 async def _answer(store: Store, request: Request) -> tuple[Response, str]:
     run = await _open_run(store, request)
     if run is None:
-        return _error(401, "unauthorized"), "unauthorized"
+        return _unauthorized(), "unauthorized"
     path: str = request.scope["path"]
     match = _RECEIPT_PATH.fullmatch(path)
     progress = _PROGRESS_PATH.fullmatch(path)

@@ -18,7 +18,7 @@ import os
 import socket
 from collections import Counter
 from collections.abc import Sequence
-from typing import Final, TypedDict
+from typing import TypedDict
 
 from redis.asyncio import Redis
 
@@ -43,11 +43,10 @@ from projections.groups import (
 from projections.handling import EntryHandler, wait_for
 from projections.lag import ShardLag, shard_lag
 from projections.metrics import Metrics
+from projections.outage import Outage
 from projections.upkeep import pause_unless, report_lag, trim_periodically, watch_generation
 
 log = get_logger("canon.projections")
-
-_RETRY_PAUSE_S: Final = 0.5
 
 
 class WorkerOptions(TypedDict, total=False):
@@ -253,6 +252,7 @@ class Worker:
         loop = asyncio.get_running_loop()
         drained: set[int] = set()
         next_claim = 0.0
+        outage = Outage(self.name)
         while not self._leave.is_set():
             try:
                 for shard in lane:
@@ -264,14 +264,10 @@ class Worker:
                         await self._reclaim(shard)
                     next_claim = loop.time() + max(self.min_idle_ms, 100) / 2000
                 await self._read_lane(lane, client, block_ms=block_ms)
+                outage.succeeded(shards=len(lane))
             except StoreUnavailable as exc:
-                log.warning(
-                    "worker_read_failed",
-                    projection=self.name,
-                    shards=len(lane),
-                    error=exc.args[0],
-                )
-                await pause_unless(self._leave, _RETRY_PAUSE_S)
+                # Backing off: an outage is a few lines, not one per retry (outage.py).
+                await pause_unless(self._leave, outage.failed(exc.args[0], shards=len(lane)))
 
     async def _read_lane(self, lane: tuple[int, ...], client: Redis, *, block_ms: int) -> None:
         """Read new entries of the lane's feeds with one XREADGROUP and settle them together."""

@@ -81,13 +81,19 @@ def _binary(options: BenchOptions) -> ServerBinary | None:
 
 
 @contextlib.contextmanager
-def _server(options: BenchOptions, settings: dict[str, str] | None = None) -> Iterator[str]:
-    """The URL to benchmark: ``redis_url``, else a private server stopped on exit."""
+def _server(
+    options: BenchOptions, progress: Progress, settings: dict[str, str] | None = None
+) -> Iterator[str]:
+    """The URL to benchmark: ``redis_url``, else a private server stopped on exit.
+
+    A private server is announced through ``progress`` with its URL and data folder.
+    """
     if options.redis_url is not None:
         yield options.redis_url
         return
     extra = [arg for name, value in (settings or {}).items() for arg in (f"--{name}", value)]
     with EmbeddedRedis(_binary(options), extra_args=extra) as server:
+        progress(f"private Redis at {server.url} (data in {server.data_dir}, removed at its end)")
         yield server.url
 
 
@@ -235,7 +241,7 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
         "scale_sizes": list(options.scale_sizes),
     }
     load_before = os.getloadavg()
-    with _server(options) as url:
+    with _server(options, progress) as url:
         client = Redis.from_url(url)
         try:
             version = (await client.info("server"))["redis_version"]
@@ -248,12 +254,12 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
             url, options, "configured" if options.redis_url else "recommended", report
         )
     if options.redis_url is None:
-        with _server(options, REDIS_DEFAULTS) as url:
+        with _server(options, progress, REDIS_DEFAULTS) as url:
             await _memory_section(url, options, "defaults", report)
     with contextlib.ExitStack() as servers:
         # Private servers: one per size, measured side by side; a given URL: one for all.
         count = 1 if options.redis_url else len(options.scale_sizes)
-        urls = [servers.enter_context(_server(options)) for _ in range(count)]
+        urls = [servers.enter_context(_server(options, progress)) for _ in range(count)]
         points = await scale.measure_scale(
             urls,
             list(options.scale_sizes),

@@ -3,7 +3,8 @@
 Starts its own private Redis servers unless ``--redis-url`` or ``REDIS_URL`` names one,
 prints the tables and the goals as PASS/SHORT lines, and writes the JSON report to
 ``--json FILE`` (``-`` for standard output). The exit code is 0 whether goals pass or
-not: the benchmark measures, it does not gate.
+not: the benchmark measures, it does not gate; 1 when it could not run, 3 when its Redis
+cannot be reached.
 """
 
 from __future__ import annotations
@@ -16,16 +17,26 @@ import signal
 import sys
 from typing import Any
 
+import redis.exceptions
 from rich.console import Console
 
 from canon.bench import BenchOptions, render, run_benchmark
 from canon.exitcodes import RET_OK, RET_PROBLEM
+from canon.failures import check_url, explain
+from eventstore.errors import StoreUnavailable
 
 
 def register(subparsers: Any) -> None:
     """Add the ``bench`` subcommand."""
     parser: argparse.ArgumentParser = subparsers.add_parser(
-        "bench", help="measure throughput, latency, memory and scale against the Redis floor"
+        "bench",
+        help="measure throughput, latency, memory and scale against the Redis floor",
+        description="Measure the store's throughput, latency, memory per record and scale "
+        "against plain Redis commands on the same server (the floor), print the tables and "
+        "each goal as PASS or SHORT, and optionally write the JSON report. Starts private "
+        "Redis servers unless --redis-url or REDIS_URL names one. Exit 0 whether goals "
+        "pass or not (it measures, it does not gate), 1 when it could not run, 3 when its "
+        "Redis cannot be reached.",
     )
     parser.add_argument("--quick", action="store_true", help="CI-size run (well under a minute)")
     parser.add_argument("--json", metavar="FILE", help="write the JSON report here ('-': stdout)")
@@ -52,7 +63,10 @@ def run(args: argparse.Namespace) -> int:
     """Run the benchmark; returns RET_OK, or RET_PROBLEM when it could not run."""
     signal.signal(signal.SIGTERM, _terminate)
     preset = BenchOptions.quick_run() if args.quick else BenchOptions.full_run()
-    options = preset.on(args.redis_url or os.environ.get("REDIS_URL"), args.redis_server)
+    url = args.redis_url or os.environ.get("REDIS_URL")
+    if url:
+        check_url(url)  # a bad scheme is a usage error (2), not a failed run
+    options = preset.on(url, args.redis_server)
     to_stdout = args.json == "-"
     console = Console(file=sys.stderr if to_stdout else sys.stdout, width=160)
 
@@ -62,6 +76,10 @@ def run(args: argparse.Namespace) -> int:
     try:
         report = asyncio.run(run_benchmark(options, progress))
     except Exception as exc:  # one clear line, never a traceback
+        if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
+            raise StoreUnavailable(type(exc).__name__) from exc  # exit 3, with the reason
+        if explain(exc) is not None:
+            raise  # canon.cli prints it with its exit code
         console.print(f"canon bench: failed: {type(exc).__name__}: {exc}")
         return RET_PROBLEM
     render(report, console)

@@ -2,7 +2,8 @@
 
 With no ``REDIS_URL`` it starts an embedded Redis (append-only file under ``--data-dir``)
 and stops it on exit. Projection workers run in the background while the harness calls
-tools; the tables show runs, outcomes, progress views, a few receipts and one replay.
+tools; the tables show runs, outcomes, progress views, a few receipts and one replay, and
+the last block says how to look at what it wrote with the other commands.
 """
 
 from __future__ import annotations
@@ -10,20 +11,25 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import pathlib
+import sys
 from collections import Counter
+from typing import TextIO, cast
 
+import structlog
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from canon.argtypes import bounded
 from canon.commands.replay import print_replay
-from canon.connection import ConnectionSettingsError, add_connection_args, open_store
+from canon.connection import add_connection_args, open_store
 from canon.demo.harness import DemoRun, drive, planned_calls
-from canon.exitcodes import RET_OK, RET_USAGE
+from canon.demo.look import Where, print_look
+from canon.exitcodes import RET_OK
 from canon.logs import configure_logging
 from eventstore.audit import replay_invocation
-from eventstore.embedded import EmbeddedRedisError
-from eventstore.errors import CanonError
+from eventstore.embedded import EmbeddedRedis
 from eventstore.store import Store
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, read_view
@@ -31,11 +37,44 @@ from projections.inspection import inspect_invocation
 from projections.receipts import encode_receipt
 from projections.runtime import Worker
 
+REFUSALS_NOTE = (
+    "READY and ERROR count every answer the agent got. Refusals (a duplicate call id, "
+    "a call naming another run, a spent budget, a tool that is not read-only) are "
+    "answers, not invocations: they use no budget and leave no record."
+)
+FACTS_NOTE = (
+    "facts: what the run's READY calls established, as the agent may cite them (one per "
+    "READY call, bounded; NO_EVIDENCE gives a negative observation within its scope)."
+)
+
+
+class _CurrentStderr:
+    """Writes to whatever ``sys.stderr`` is at the time of the write.
+
+    While the progress bar runs, rich puts a proxy there that prints above the bar; a
+    logger bound to the real stream would write over the bar instead.
+    """
+
+    def write(self, text: str) -> int:
+        return sys.stderr.write(text)
+
+    def flush(self) -> None:
+        sys.stderr.flush()
+
+
+def configure_demo_logging() -> None:
+    """Warnings only, JSON unless standard error is a terminal, and never over the bar."""
+    configure_logging(json=None, level="WARNING")
+    stream = cast(TextIO, _CurrentStderr())  # PrintLogger only writes and flushes
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=stream))
+
 
 def _runs_table(store_runs: list[tuple[DemoRun, int]]) -> Table:
-    table = Table(title="Runs")
+    table = Table(title="Runs", caption=REFUSALS_NOTE, caption_justify="left")
     for column in ("run", "budget", "used", "READY", "ERROR"):
-        table.add_column(column, justify="left" if column == "run" else "right")
+        table.add_column(
+            column, justify="left" if column == "run" else "right", no_wrap=column == "run"
+        )
     for demo_run, used in store_runs:
         ready = sum(n for label, n in demo_run.outcomes.items() if label.startswith("READY"))
         errors = sum(n for label, n in demo_run.outcomes.items() if label.startswith("ERROR"))
@@ -47,10 +86,16 @@ def _outcomes_table(runs: list[DemoRun]) -> Table:
     total: Counter[str] = Counter()
     for demo_run in runs:
         total.update(demo_run.outcomes)
-    table = Table(title="Calls by outcome (what the agent saw)")
-    table.add_column("status")
-    table.add_column("evidence status / error code")
-    table.add_column("calls", justify="right")
+    table = Table(
+        title="Calls by outcome (what the agent saw)",
+        caption="READY: evidence status of the result; ERROR: the error code. "
+        "RUN_MISMATCH, DUPLICATE_TOOL_CALL, NOT_READ_ONLY and RUN_BUDGET_EXHAUSTED are "
+        "refusals; EXECUTION_FAILED and RESULT_TOO_LARGE are invocations that failed.",
+        caption_justify="left",
+    )
+    table.add_column("status", no_wrap=True)
+    table.add_column("evidence status / error code", no_wrap=True)
+    table.add_column("calls", justify="right", no_wrap=True)
     for label, count in sorted(total.items()):
         status, _, detail = label.partition("/")
         table.add_row(status, detail, str(count))
@@ -58,9 +103,16 @@ def _outcomes_table(runs: list[DemoRun]) -> Table:
 
 
 async def _views_table(store: Store, runs: list[DemoRun]) -> Table:
-    table = Table(title="Progress views (built by the progress worker)")
-    for column in ("run", "invocations", "by status", "by evidence", "facts"):
-        table.add_column(column)
+    table = Table(
+        title="Progress views (built by the progress worker)",
+        caption=FACTS_NOTE,
+        caption_justify="left",
+    )
+    table.add_column("run", no_wrap=True)
+    table.add_column("invocations", justify="right", no_wrap=True)
+    table.add_column("by status")
+    table.add_column("by evidence")
+    table.add_column("facts", justify="right", no_wrap=True)
     for demo_run in runs:
         view = await read_view(store, demo_run.run_id)
         if view is None:
@@ -69,8 +121,8 @@ async def _views_table(store: Store, runs: list[DemoRun]) -> Table:
         table.add_row(
             demo_run.run_id,
             str(view.invocations),
-            ", ".join(f"{k} {v}" for k, v in sorted(view.by_status.items())),
-            ", ".join(f"{k} {v}" for k, v in sorted(view.by_evidence.items())),
+            "\n".join(f"{k} {v}" for k, v in sorted(view.by_status.items())),
+            "\n".join(f"{k} {v}" for k, v in sorted(view.by_evidence.items())),
             str(len(view.facts)),
         )
     return table
@@ -85,8 +137,27 @@ async def _show_receipts(console: Console, store: Store, demo_run: DemoRun) -> N
         console.print_json(json.dumps(json.loads(encode_receipt(receipt))))
 
 
-async def _demo(args: argparse.Namespace, console: Console) -> int:
-    async with open_store(args, embedded=True) as store:
+async def _settle(workers: list[Worker], tasks: list[asyncio.Task[None]]) -> None:
+    for worker in workers:
+        worker.stop()
+    await asyncio.gather(*tasks)
+    for worker in workers:  # catch up with whatever arrived after the last blocking read
+        await worker.run(burst=True)
+
+
+async def run_demo(args: argparse.Namespace, console: Console) -> Where:
+    """Drive the demo and print its tables; returns where it wrote, for the last block."""
+    where = Where(namespace=args.namespace, redis_url=args.redis_url)
+
+    def announce(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
+        where.embedded_url, where.data_dir = server.url, data_dir
+        console.print(
+            f"Redis: an embedded server at {server.url} (data in {data_dir}); "
+            "it stops when the demo ends",
+            highlight=False,
+        )
+
+    async with open_store(args, embedded=True, announce=announce) as store:
         workers: list[Worker] = [
             ReceiptWorker(store, block_ms=100),
             ProgressWorker(store, block_ms=100),
@@ -107,11 +178,11 @@ async def _demo(args: argparse.Namespace, console: Console) -> int:
                 seed=args.seed,
                 on_call=lambda: progress.advance(bar),
             )
-        for worker in workers:
-            worker.stop()
-        await asyncio.gather(*tasks)
-        for worker in workers:  # catch up with whatever arrived after the last blocking read
-            await worker.run(burst=True)
+        console.print(
+            "[dim]The harness logs the failures the demo provokes on purpose as warnings "
+            "(standard error).[/dim]"
+        )
+        await _settle(workers, tasks)
 
         used = []
         for demo_run in runs:
@@ -125,20 +196,18 @@ async def _demo(args: argparse.Namespace, console: Console) -> int:
         if replay is not None:
             console.rule(f"replay of {runs[0].run_id}/{runs[0].tool_call_ids[0]}")
             print_replay(console, replay)
-    return RET_OK
+        where.run_id = runs[0].run_id
+        where.failed_call = runs[0].first_call_with("ERROR/EXECUTION_FAILED")
+        where.runs = [demo_run.run_id for demo_run in runs]
+    return where
 
 
 def _handle(args: argparse.Namespace) -> int:
-    configure_logging(json=True, level="WARNING")
+    configure_demo_logging()
     console = Console()
-    if args.runs < 2 or args.calls < 2:
-        console.print("canon demo: --runs and --calls must be at least 2", style="red")
-        return RET_USAGE
-    try:
-        return asyncio.run(_demo(args, console))
-    except (ConnectionSettingsError, EmbeddedRedisError, CanonError) as exc:
-        console.print(f"canon demo: {type(exc).__name__}: the store is not usable", style="red")
-        return RET_USAGE
+    where = asyncio.run(run_demo(args, console))
+    print_look(console, where)
+    return RET_OK
 
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
@@ -149,7 +218,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         description=__doc__,
     )
     add_connection_args(parser, embedded=True)
-    parser.add_argument("--runs", type=int, default=3, help="runs to open (default: 3)")
-    parser.add_argument("--calls", type=int, default=40, help="searches per run (default: 40)")
+    at_least_2 = bounded(2, None, "a whole number of at least 2")
+    parser.add_argument("--runs", type=at_least_2, default=3, help="runs to open (default: 3)")
+    parser.add_argument(
+        "--calls", type=at_least_2, default=40, help="searches per run (default: 40)"
+    )
     parser.add_argument("--seed", type=int, default=7, help="random seed (default: 7)")
     parser.set_defaults(handler=_handle, namespace="demo")

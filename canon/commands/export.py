@@ -2,7 +2,7 @@
 
 Payload bytes only with ``--with-payloads``. Written to standard output or ``--output``.
 Exit 0 when the run or any of its invocations was found, 1 when nothing was, 2 on usage
-or connection errors. Read-only: never writes to Redis, never touches a TTL.
+errors, 3 when Redis is unavailable. Read-only: never writes to Redis, never touches a TTL.
 """
 
 from __future__ import annotations
@@ -79,5 +79,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="write to FILE instead of stdout",
     )
-    add_connection_args(parser)
+    add_connection_args(parser, writes=False)
     parser.set_defaults(handler=_handle)

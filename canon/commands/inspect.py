@@ -4,7 +4,7 @@ The invocation is looked up through its run, named by the run's access token
 (``--run-token``, or ``CANON_RUN_TOKEN``) as the HTTP API does, or by ``--run-id`` for an
 operator. Nothing is written: the store is opened read-only and the receipt is the
 materialized one when it is current, else built from the record and its journal.
-Exit 0 with the receipt, 1 when it cannot be shown, 2 on usage or connection errors.
+Exit 0 with the receipt, 1 when it cannot be shown, 2 on usage errors, 3 when Redis is unavailable.
 """
 
 from __future__ import annotations
@@ -75,5 +75,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--run-token", default=None, help=f"the run's access token (${TOKEN_ENV})")
     who.add_argument("--run-id", default=None, help="the run, for an operator")
-    add_connection_args(parser)
+    add_connection_args(parser, writes=False)
     parser.set_defaults(handler=_handle)

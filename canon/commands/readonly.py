@@ -1,7 +1,8 @@
 """Connection glue shared by the read-only commands (replay, verify, export, inspect, status).
 
-:func:`run_read_only` opens the store without writing a byte and turns connection
-failures into one line on standard error and exit code 2.
+:func:`run_read_only` opens the store without writing a byte; connection failures become
+one line on standard error in ``canon.cli`` (:mod:`canon.failures`): exit code 2 for bad
+settings, 3 for a server that cannot be reached.
 """
 
 from __future__ import annotations
@@ -13,16 +14,12 @@ from collections.abc import Awaitable, Callable
 
 from rich.console import Console
 
-from canon.connection import ACCESS_DENIED_MESSAGE, configured_url
-from canon.exitcodes import RET_USAGE
+from canon.connection import configured_url
+from canon.failures import CommandError, fail
 from eventstore.audit import open_read_only
-from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.store import Store
 
-
-def fail(message: str) -> None:
-    """Write one ``canon: error:`` line to standard error."""
-    print(f"canon: error: {message}", file=sys.stderr)
+__all__ = ["fail", "run_read_only", "stdout_console"]
 
 
 def stdout_console() -> Console:
@@ -33,13 +30,15 @@ def stdout_console() -> Console:
 def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[int]]) -> int:
     """Open the configured store read-only, run ``work`` on it, and return its exit code.
 
-    No Redis configured, invalid settings, an unreachable server or an ACL denial give
-    one line on standard error (never the URL or a password) and :data:`RET_USAGE`.
+    Raises:
+        CommandError: no Redis is configured (read-only commands start none).
+        StoreUnavailable: the server cannot be reached (AccessDenied: the ACL user may
+            not read).
+        InvalidArgument: the namespace or shard count is not usable.
     """
     url = configured_url(args)
     if url is None:
-        fail("no Redis configured: set REDIS_URL or --redis-url")
-        return RET_USAGE
+        raise CommandError("no Redis configured: set REDIS_URL or --redis-url")
 
     cluster = bool(getattr(args, "cluster", False))
 
@@ -49,12 +48,4 @@ def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[in
         ) as store:
             return await work(store)
 
-    try:
-        return asyncio.run(main())
-    except InvalidArgument as exc:
-        fail(f"invalid connection settings: {exc}")
-    except AccessDenied:
-        fail(ACCESS_DENIED_MESSAGE)
-    except StoreUnavailable as exc:
-        fail(f"the Redis server is unavailable ({exc})")
-    return RET_USAGE
+    return asyncio.run(main())

@@ -4,7 +4,7 @@ The projection is rebuilt into a new generation beside the one readers use, whil
 workers go on; one step then switches every reader to it, following workers move to it
 within about a second, and the previous generation is removed once no worker uses it
 (:mod:`projections.rebuild`). Exit 0 when switched, 1 when another rebuild holds the
-claim or took it over, 2 on usage or connection errors.
+claim or took it over, 2 on usage errors, 3 when Redis is unavailable.
 """
 
 from __future__ import annotations
@@ -20,10 +20,10 @@ from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
 from canon.commands.readonly import fail, stdout_console
-from canon.connection import ConnectionSettingsError, add_connection_args, open_store
-from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
+from canon.connection import add_connection_args, open_store
+from canon.exitcodes import RET_OK, RET_PROBLEM
 from canon.service import add_logging_args, setup_logging
-from eventstore.errors import InvalidArgument, RebuildLost, StoreUnavailable
+from eventstore.errors import RebuildLost
 from projections.rebuild import (
     PROJECTIONS,
     Rebuild,
@@ -89,12 +89,6 @@ def _handle(args: argparse.Namespace) -> int:
     except (RebuildInProgress, RebuildLost) as exc:
         fail(str(exc))
         return RET_PROBLEM
-    except (ConnectionSettingsError, InvalidArgument) as exc:
-        fail(str(exc))
-        return RET_USAGE
-    except StoreUnavailable as exc:
-        fail(f"the Redis server is unavailable ({exc})")
-        return RET_USAGE
     if args.json:
         sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
     else:
@@ -135,7 +129,7 @@ def register(subparsers: Any) -> None:
     )
     parser.add_argument("--json", action="store_true", help="print the report as JSON")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_connection_args(parser)
+    add_connection_args(parser, writes=False)
     add_logging_args(parser)
     # The report is the output; log lines only for what needs attention.
     parser.set_defaults(handler=_handle, log_level="WARNING")

@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Final, NamedTuple
 
 import msgspec
+from rich import box
 from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
@@ -29,41 +30,110 @@ def _short(digest: str | None) -> str:
     return digest[:12] if digest else ""
 
 
-def _timeline(replay: InvocationReplay) -> Table:
-    table = Table(title="timeline", title_justify="left")
-    for name in ("v", "event", "at (UTC)", "+ms", "payload", "sha256", "event hash", "after"):
-        table.add_column(name, no_wrap=name != "after")
+#: Below this many columns the timeline stacks its cells so that none is cut.
+WIDE_TIMELINE: Final = 150
+
+
+class _Step(NamedTuple):
+    """One timeline row's cells, before layout."""
+
+    version: str
+    event: str
+    detail: str
+    at: str
+    delta: str
+    payload_field: str
+    payload_size: str
+    payload_sha: str
+    hash_: str
+    after: tuple[str, ...]
+
+
+def _steps(replay: InvocationReplay) -> list[_Step]:
     first = next((step.at_ms for step in replay.timeline if step.at_ms is not None), None)
+    rows = []
     for step in replay.timeline:
-        payload = ""
+        field, size = "", ""
         if step.payload_bytes is not None:
-            payload = f"{step.payload_field or 'rejected'} {step.payload_bytes} B"
-        kind = step.event_type or "undecodable"
+            field, size = step.payload_field or "rejected", f"{step.payload_bytes} B"
+        detail = []
         if step.stored_schema is not None and step.stored_schema != SCHEMA_VERSION:
-            kind += f" (schema {step.stored_schema}, upcast)"
+            detail.append(f"(schema {step.stored_schema}, upcast)")
         if step.detail:
-            kind += f" {step.detail}"
-        after = "not folded"
+            detail.append(step.detail)
+        after: tuple[str, ...] = ("not folded",)
         if step.state is not None:
             state = step.state
-            after = f"{state.stage.value} · {state.status.value} · {state.evidence_status.value}"
+            after = (state.stage.value, state.status.value, state.evidence_status.value)
         if step.fold_error and step.state is not None:
-            after += f" [red]({step.fold_error}, folded relinked)[/red]"
+            after += (f"[red]({step.fold_error}, folded relinked)[/red]",)
         elif step.fold_error:
-            after = f"[red]refused: {step.fold_error}[/red]"
+            after = (f"[red]refused: {step.fold_error}[/red]",)
         hash_ = _short(step.event_hash)
         if step.event_hash != step.stored_hash:
             hash_ = f"[red]{hash_} ≠ stored {_short(step.stored_hash)}[/red]"
         delta = str(step.at_ms - first) if step.at_ms is not None and first is not None else ""
+        rows.append(
+            _Step(
+                str(step.version or "?"),
+                step.event_type or "undecodable",
+                " ".join(detail),
+                _when(step.at_ms),
+                delta,
+                field,
+                size,
+                _short(step.payload_sha256),
+                hash_,
+                after,
+            )
+        )
+    return rows
+
+
+def _timeline(replay: InvocationReplay) -> Table:
+    """One line per event, every cell in its own column (a wide terminal or a file)."""
+    table = Table(title="timeline", title_justify="left")
+    for name in ("v", "event", "at (UTC)", "+ms", "payload", "sha256", "event hash", "after"):
+        table.add_column(name, no_wrap=name != "after")
+    for step in _steps(replay):
         table.add_row(
-            str(step.version or "?"),
-            kind,
-            _when(step.at_ms),
-            delta,
-            payload,
-            _short(step.payload_sha256),
-            hash_,
-            after,
+            step.version,
+            f"{step.event} {step.detail}".rstrip(),
+            step.at,
+            step.delta,
+            f"{step.payload_field} {step.payload_size}".strip(),
+            step.payload_sha,
+            step.hash_,
+            " · ".join(step.after),
+        )
+    return table
+
+
+def _narrow_timeline(replay: InvocationReplay) -> Table:
+    """The same cells stacked within fewer columns, so 80 columns cut none of them."""
+    steps = _steps(replay)
+    first = next((step.at for step in steps if step.at != "?"), "?")
+    table = Table(
+        title=f"timeline (first event at {first}; +ms counts from it)",
+        title_justify="left",
+        box=box.SIMPLE_HEAD,
+        caption="digests: sha256 of the event's payload, then the event's chain hash",
+        caption_justify="left",
+    )
+    table.add_column("v", justify="right", no_wrap=True)
+    table.add_column("event", no_wrap=True)
+    table.add_column("+ms", justify="right", no_wrap=True)
+    table.add_column("payload", no_wrap=True)
+    table.add_column("digests", no_wrap=True)
+    table.add_column("state after", overflow="fold")
+    for step in steps:
+        table.add_row(
+            step.version,
+            "\n".join(part for part in (step.event, step.detail) if part),
+            step.delta,
+            "\n".join(part for part in (step.payload_field, step.payload_size) if part),
+            "\n".join(part for part in (step.payload_sha, step.hash_) if part),
+            "\n".join(step.after),
         )
     return table
 
@@ -98,7 +168,8 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
         f"expires {_when(replay.expires_at_ms)} "
         f"(PTTL record {replay.record_pttl_ms} ms, stream {replay.stream_pttl_ms} ms)"
     )
-    console.print(_timeline(replay))
+    wide = console.width >= WIDE_TIMELINE
+    console.print(_timeline(replay) if wide else _narrow_timeline(replay))
     differences = _differences(replay) if replay.verdict.record_matches_fold is False else []
     if differences:
         table = Table(title="record vs re-folded journal", title_justify="left")
@@ -171,7 +242,8 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "after each event), the state re-folded through the machine, and a verdict: "
             "chain intact, every transition legal, record equal to its fold, every payload "
             "digest matching, expiry set. Read-only: never writes, never touches a TTL. "
-            "Exit 0 when intact, 1 when not (or nothing found), 2 on usage or connection errors."
+            "Exit 0 when intact, 1 when not (or nothing found), 2 on usage errors, 3 when "
+            "Redis is unavailable."
         ),
     )
     parser.add_argument("run_id", metavar="RUN_ID", help="the run to replay")
@@ -179,5 +251,5 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tool_call_id", metavar="TOOL_CALL_ID", nargs="?", help="replay only this call"
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    add_connection_args(parser)
+    add_connection_args(parser, writes=False)
     parser.set_defaults(handler=_handle)

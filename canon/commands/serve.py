@@ -1,9 +1,10 @@
 """``canon serve``: the read-only receipt HTTP API, optionally with the workers.
 
-Serves ``GET /v1/invocations/inspection-capabilities`` and
-``GET /v1/invocations/<invocation id>/receipt`` with uvicorn. With ``--with-workers``
-the receipt and progress workers run in the same process. SIGTERM or SIGINT stops the
-server and lets the workers settle their batches; the process then exits 0.
+Serves the routes of :data:`projections.http.ROUTES` with uvicorn, each answering only
+for the run named by the request's Bearer token. With ``--with-workers`` the receipt and
+progress workers run in the same process. SIGTERM or SIGINT stops the server and lets the
+workers settle their batches; the process then exits 0. The listening socket is bound
+before anything else runs, so a port in use is one line and exit 2.
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ from __future__ import annotations
 import argparse
 import asyncio
 import signal
+import socket
 from typing import Any
 
 import structlog
 
+from canon.argtypes import port_number
 from canon.connection import add_connection_args, open_store
+from canon.failures import bind_errors
 from canon.service import (
     add_logging_args,
     add_worker_args,
@@ -29,7 +33,7 @@ from projections.connections import (
     DEFAULT_MAX_CONNECTIONS,
     ConnectionLimits,
 )
-from projections.http import create_app
+from projections.http import ROUTES, create_app
 from projections.metrics import Metrics
 from projections.supervisor import ReceiptServer
 
@@ -41,11 +45,17 @@ def register(subparsers: Any) -> None:
     parser = subparsers.add_parser(
         "serve",
         help="serve the read-only receipt HTTP API (optionally with the workers)",
-        description=__doc__,
+        description="Serve the read-only receipt HTTP API; every answer is for the run "
+        "named by the request's Bearer token (Authorization: Bearer <run token>). Routes: "
+        + "; ".join(ROUTES)
+        + ". With --with-workers the receipt and progress workers run in the same process. "
+        "SIGTERM or SIGINT stops it gracefully (exit 0).",
     )
     add_connection_args(parser, embedded=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
-    parser.add_argument("--port", type=int, default=8080, help="port to bind (8080)")
+    parser.add_argument(
+        "--port", type=port_number, default=8080, help="port to bind; 0 picks a free one (8080)"
+    )
     parser.add_argument(
         "--with-workers", action="store_true", help="also run the projection workers"
     )
@@ -74,7 +84,22 @@ def register(subparsers: Any) -> None:
     parser.set_defaults(handler=run)
 
 
+def _listen(host: str, port: int) -> socket.socket:
+    """Bind the HTTP socket now: a port in use is a clear error before any server starts."""
+    with bind_errors("--host/--port", host, port):
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        return socket.create_server((host, port), family=family, reuse_port=False)
+
+
 async def _serve(args: argparse.Namespace) -> None:
+    listener = _listen(args.host, args.port)
+    try:
+        await _serve_on(args, listener)
+    finally:
+        listener.close()
+
+
+async def _serve_on(args: argparse.Namespace, listener: socket.socket) -> None:
     # Without workers the process only reads: it may run as the reader ACL user.
     async with open_store(args, embedded=True, read_only=not args.with_workers) as store:
         if args.strict_durability:
@@ -106,7 +131,7 @@ async def _serve(args: argparse.Namespace) -> None:
                 for worker in workers:
                     group.create_task(worker.run())
                 group.create_task(_announce(server))
-                await server.serve()
+                await server.serve(sockets=[listener])
                 log.info("server_stopped")
                 for worker in workers:
                     worker.stop()

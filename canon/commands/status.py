@@ -2,8 +2,9 @@
 
 Records by status, feed entries, consumer-group lag and pending counts, dead letters,
 memory used, and warnings for an eviction policy other than ``noeviction`` or
-append-only persistence switched off. Exit 0 healthy, 1 with warnings, 2 on usage or
-connection errors. Read-only.
+append-only persistence switched off. Exit 0 when it could report, warnings or not
+(``--strict``: 1 with warnings), 2 on usage errors, 3 when Redis is unavailable.
+Read-only.
 """
 
 from __future__ import annotations
@@ -64,7 +65,7 @@ def _handle(args: argparse.Namespace) -> int:
             sys.stdout.write(msgspec.json.encode(status).decode() + "\n")
         else:
             print_status(stdout_console(), status)
-        return RET_PROBLEM if status.warnings else RET_OK
+        return RET_PROBLEM if status.warnings and args.strict else RET_OK
 
     return run_read_only(args, work)
 
@@ -78,9 +79,13 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Count records by status (SCAN), sum the shard feeds, show each projection's "
             "lag and pending entries, dead letters and memory used, and warn when the "
             "server's maxmemory-policy is not noeviction or appendonly is off. Read-only. "
-            "Exit 0 healthy, 1 with warnings, 2 on usage or connection errors."
+            "Exit 0 when it could report (warnings or not), 1 with warnings under --strict, "
+            "2 usage, 3 Redis unavailable."
         ),
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    add_connection_args(parser)
+    parser.add_argument(
+        "--strict", action="store_true", help="exit 1 when there is any warning (for checks)"
+    )
+    add_connection_args(parser, writes=False)
     parser.set_defaults(handler=_handle)

@@ -2,8 +2,9 @@
 
 SCAN-based and batched (one pipeline per batch), holding one batch at a time; a progress
 bar on standard error when it is a terminal; resumable with ``--cursor``. Exit 0 when
-clean, 1 when a problem was found or the scan stopped early, 2 on usage or connection
-errors. Read-only: never writes, never touches a TTL.
+clean, 1 when a problem was found, the scan stopped early or a resumed scan checked
+nothing (a cursor past the end), 2 on usage errors, 3 when Redis is unavailable.
+Read-only: never writes, never touches a TTL.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from rich.markup import escape
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from canon.argtypes import positive, scan_cursor
 from canon.commands.readonly import fail, run_read_only, stdout_console
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
@@ -26,21 +28,23 @@ from eventstore.audit.verify import DEFAULT_BATCH
 from eventstore.store import Store
 
 
-def _non_negative(text: str) -> int:
-    value = int(text)
-    if value < 0:
-        raise argparse.ArgumentTypeError("must not be negative")
-    return value
+def nothing_checked(summary: VerifySummary, cursor: int) -> bool:
+    """Tell whether a resumed scan checked nothing: its cursor was past the end (exit 1)."""
+    return cursor != 0 and summary.complete and summary.invocations == 0
 
 
-def _positive(text: str) -> int:
-    value = int(text)
-    if value < 1:
-        raise argparse.ArgumentTypeError("must be positive")
-    return value
+def exit_code(summary: VerifySummary, cursor: int) -> int:
+    """Return the exit code: 0 when everything scanned is intact.
+
+    1 for a problem, an early stop, or a resumed scan that checked nothing (a cursor past
+    the end proves nothing).
+    """
+    if not summary.complete or summary.problems or nothing_checked(summary, cursor):
+        return RET_PROBLEM
+    return RET_OK
 
 
-def _print_summary(console: Console, summary: VerifySummary) -> None:
+def _print_summary(console: Console, summary: VerifySummary, cursor: int, namespace: str) -> None:
     table = Table(title="invocations by status", title_justify="left")
     table.add_column("status")
     table.add_column("count", justify="right")
@@ -53,7 +57,21 @@ def _print_summary(console: Console, summary: VerifySummary) -> None:
     )
     if not summary.complete:
         console.print(f"stopped before the end: resume with --cursor {summary.next_cursor}")
-    elif summary.problems == 0:
+    elif summary.problems:
+        return
+    elif nothing_checked(summary, cursor):
+        console.print(
+            f"[yellow]NOTHING CHECKED[/yellow]: no key of namespace {namespace} after cursor "
+            f"{cursor} (past the end, or not a cursor an earlier canon verify printed)"
+        )
+    elif summary.invocations == 0:
+        console.print(f"nothing to check: namespace {namespace} holds no invocation records")
+    elif cursor != 0:
+        console.print(
+            f"[green]no problem[/green] from cursor {cursor} to the end (the keys before it "
+            "are the earlier run's to judge)"
+        )
+    else:
         console.print("[green]CLEAN[/green]: every record matches its journal")
 
 
@@ -121,8 +139,8 @@ def _handle(args: argparse.Namespace) -> int:
             line = {"kind": "summary", **msgspec.structs.asdict(summary)}
             sys.stdout.write(msgspec.json.encode(line).decode() + "\n")
         else:
-            _print_summary(console, summary)
-        return RET_OK if summary.complete and summary.problems == 0 else RET_PROBLEM
+            _print_summary(console, summary, args.cursor, store.keys.namespace)
+        return exit_code(summary, args.cursor)
 
     try:
         return run_read_only(args, work)
@@ -140,26 +158,25 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "integrity failure with its invocation id and reason: tampered field, broken "
             "chain, hash mismatch, illegal transition, payload digest mismatch, record "
             "without stream, stream without record, key without TTL. Counts invocations "
-            "by status. Read-only. Exit 0 clean, 1 problems or stopped early, 2 usage or "
-            "connection errors. With --json: one JSON line per problem, then a summary line."
+            "by status. Read-only. Exit 0 clean, 1 problems, stopped early or nothing "
+            "checked from --cursor, 2 usage, 3 Redis unavailable. With --json: one JSON "
+            "line per problem, then a summary line."
         ),
     )
-    parser.add_argument(
-        "--cursor", type=_non_negative, default=0, help="SCAN cursor to resume from"
-    )
+    parser.add_argument("--cursor", type=scan_cursor, default=0, help="SCAN cursor to resume from")
     parser.add_argument(
         "--max-keys",
-        type=_positive,
+        type=positive,
         default=None,
         help="stop after about this many keys and print the cursor to resume with",
     )
     parser.add_argument(
         "--batch",
-        type=_positive,
+        type=positive,
         default=DEFAULT_BATCH,
         help="keys per SCAN and pipeline (default: %(default)s)",
     )
     parser.add_argument("--json", action="store_true", help="JSON Lines on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_connection_args(parser)
+    add_connection_args(parser, writes=False)
     parser.set_defaults(handler=_handle)

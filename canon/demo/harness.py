@@ -36,6 +36,12 @@ class DemoRun:
     budget: int
     outcomes: Counter[str] = field(default_factory=Counter)
     tool_call_ids: list[str] = field(default_factory=list)
+    #: The first answer to each of the run's own calls (a duplicate's refusal comes later).
+    first_answers: dict[str, str] = field(default_factory=dict)
+
+    def first_call_with(self, outcome: str) -> str | None:
+        """The first of the run's calls whose first answer was ``outcome`` (``ERROR/...``)."""
+        return next((call for call, got in self.first_answers.items() if got == outcome), None)
 
 
 def plan_run(run_id: str, calls: int, other_run_id: str, rng: random.Random) -> list[PlannedCall]:
@@ -108,6 +114,10 @@ async def drive(
             )
             for planned, reply in zip(batch, replies, strict=True):
                 demo_run.outcomes[outcome_of(reply)] += 1
+                if planned.envelope.run_id == demo_run.run_id:
+                    demo_run.first_answers.setdefault(
+                        planned.envelope.tool_call_id, outcome_of(reply)
+                    )
                 if planned.envelope.tool_call_id not in demo_run.tool_call_ids:
                     demo_run.tool_call_ids.append(planned.envelope.tool_call_id)
                 on_call()

@@ -113,3 +113,10 @@ def test_quick_report_has_scale_lag_and_goals(quick: tuple[Any, dict[str, Any]])
     assert [goal["status"] for goal in goals[6:]] == ["N/A", "N/A"]
     for goal in goals:
         assert f"{goal['status']:<5} {goal['goal']}" in result.stdout
+
+
+def test_quick_run_names_its_private_servers(quick: tuple[Any, dict[str, Any]]) -> None:
+    """Each private server it starts is announced with its loopback URL and data folder."""
+    result, _ = quick
+    lines = [line for line in result.stdout.splitlines() if line.startswith("private Redis at")]
+    assert lines and all("redis://127.0.0.1:" in line and "(data in /" in line for line in lines)

@@ -1,11 +1,27 @@
-"""The main job: ``canon demo`` on a fresh machine with no Redis configured."""
+"""The main job: ``canon demo`` on a fresh machine with no Redis configured, and where it
+leaves an operator: the commands it prints work against the data it kept."""
 
 from __future__ import annotations
 
+import io
+import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+import structlog
+from rich.console import Console
+
+from canon.cli import build_parser
+from canon.commands.demo import FACTS_NOTE, REFUSALS_NOTE, configure_demo_logging, run_demo
+
+ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
 def _processes_in(directory: pathlib.Path) -> list[int]:
@@ -21,20 +37,70 @@ def _processes_in(directory: pathlib.Path) -> list[int]:
     return found
 
 
-def test_demo_runs_with_an_embedded_redis_and_stops_it(tmp_path: pathlib.Path):
-    """Without REDIS_URL the demo starts its own Redis, shows every table, exits 0 and
-    leaves no server running."""
+def _env() -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if k != "REDIS_URL"}
     env["COLUMNS"] = "160"
-    data_dir = tmp_path / "data"
-    result = subprocess.run(
-        [sys.executable, "-m", "canon.cli", "demo", "--data-dir", str(data_dir), "--calls", "8"],
+    return env
+
+
+def _canon(*argv: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-m", "canon.cli", *argv],
         capture_output=True,
         text=True,
         timeout=120,
-        env=env,
+        env=_env(),
         check=False,
     )
+
+
+@pytest.fixture
+def serve_data(tmp_path: pathlib.Path) -> Iterator[Any]:
+    """Starts ``canon serve --data-dir DIR``; returns the embedded URL it logs. Each
+    process is terminated and reaped by pid at the end."""
+    processes: list[subprocess.Popen[str]] = []
+
+    def start(data_dir: pathlib.Path) -> str:
+        log_path = tmp_path / f"serve-{len(processes)}.log"
+        with log_path.open("w") as log:
+            process = subprocess.Popen(
+                [sys.executable, "-m", "canon.cli", "serve", f"--data-dir={data_dir}", "--port=0"],
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=log,
+                env=_env(),
+                text=True,
+            )
+        processes.append(process)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline:
+            assert process.poll() is None, log_path.read_text()
+            for line in log_path.read_text().splitlines():
+                event = json.loads(line) if line.startswith("{") else {}
+                if event.get("event") == "embedded_redis_started":
+                    assert pathlib.Path(event["data_dir"]) == data_dir.resolve()
+                    return str(event["url"])
+            time.sleep(0.05)
+        raise AssertionError("canon serve printed no embedded URL")
+
+    yield start
+    for process in processes:
+        process.terminate()
+        try:
+            process.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=10)
+
+
+def test_demo_runs_with_an_embedded_redis_and_stops_it(
+    tmp_path: pathlib.Path, serve_data: Any
+) -> None:
+    """Without REDIS_URL the demo starts its own Redis (and says where), shows every table,
+    exits 0, leaves no server running, and ends with commands that work: against a server
+    started on the data it kept, each printed command exits 0 and the failed call shows."""
+    data_dir = tmp_path / "data"
+    result = _canon("demo", "--data-dir", str(data_dir), "--calls", "8")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
     out = result.stdout
     for heading in ("Runs", "Calls by outcome", "Progress views", "receipt of", "replay of"):
@@ -43,7 +109,64 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(tmp_path: pathlib.Path):
         assert code in out, code
     assert "NO_EVIDENCE" in out and "RUN_BUDGET_EXHAUSTED" in out
     assert "INTACT" in out
+    assert "Redis: an embedded server at redis://127.0.0.1:" in out
+    assert f"(data in {data_dir.resolve()})" in out
     assert "token=demo-secret" not in out + result.stderr  # the failing tool's message
     assert "Refunds are issued" not in out  # raw bodies stay in the record
     assert any(data_dir.glob("appendonly*")), "the embedded server kept no append-only file"
     assert _processes_in(data_dir) == []
+
+    block = out.split("look at what the demo wrote", 1)[1]
+    assert f"canon serve --data-dir {data_dir.resolve()}" in block
+    commands = [line.strip() for line in block.splitlines() if line.startswith("  canon ")]
+    commands = [command for command in commands if not command.startswith("canon serve")]
+    assert [command.split()[1] for command in commands] == [
+        "replay",
+        "replay",
+        "export",
+        "status",
+        "verify",
+    ]
+    url = serve_data(data_dir)
+    for command in commands:
+        argv = command.split()[1:]
+        assert argv.count("URL") == 1 and "--namespace" in argv
+        shown = _canon(*[url if arg == "URL" else arg for arg in argv])
+        assert shown.returncode == 0, (command, shown.stdout[-2000:], shown.stderr[-2000:])
+        if len(argv) > 2 and argv[0] == "replay" and argv[2].startswith("call_"):
+            assert "error EXECUTION_FAILED" in shown.stdout and "INTACT" in shown.stdout
+
+
+@pytest.fixture
+def restore_logging() -> Iterator[None]:
+    """Put back the structlog configuration the demo replaces."""
+    saved = structlog.get_config()
+    yield
+    structlog.configure(**saved)
+
+
+async def test_demo_logs_above_its_bar_and_fits_80_columns(
+    redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str], restore_logging: None
+) -> None:
+    """On a terminal the expected failures' log lines go through the bar's console (printed
+    above it, never over it), the tables explain refusals and facts, and at 80 columns no
+    header or cell is cut."""
+    args = build_parser().parse_args(
+        ["demo", f"--redis-url={redis_url}", f"--namespace={namespace}", "--calls=4"]
+    )
+    buffer = io.StringIO()
+    console = Console(file=buffer, force_terminal=True, width=80, color_system=None)
+    configure_demo_logging()
+    where = await run_demo(args, console)
+    text = ANSI.sub("", buffer.getvalue())
+    err = capsys.readouterr().err
+    assert "invocation_finished" in text and "invocation_finished" not in err
+    flat = " ".join(text.split())
+    assert " ".join(REFUSALS_NOTE.split()) in flat and " ".join(FACTS_NOTE.split()) in flat
+    assert "…" not in text
+    for header in ("budget", "used", "READY", "ERROR", "evidence status / error code"):
+        assert header in text
+    for header in ("invocations", "by status", "by evidence", "facts", "state after"):
+        assert header in text
+    assert where.namespace == namespace and where.failed_call is not None
+    assert where.run_id in where.runs and where.embedded_url is None

@@ -65,12 +65,12 @@ async def test_a_held_claim_is_one_line_and_exit_1(
 
 
 async def test_usage_errors_are_one_line_and_exit_2(redis_url: str, namespace: str) -> None:
-    """An unknown projection, or no reachable server, is one line on stderr and exit 2."""
+    """An unknown projection is one line on stderr and exit 2; no reachable server, exit 3."""
     code, out, err = await canon("rebuild", "nonsense", f"--redis-url={redis_url}")
     assert (code, out) == (2, "")
     assert err.count("\n") == 1 and "invalid choice" in err
 
     url = "redis://ops:s3cret-pw@127.0.0.1:1/0"
     code, out, err = await canon("rebuild", "receipts", f"--redis-url={url}")
-    assert (code, out) == (2, "")
+    assert (code, out) == (3, "")
     assert err.count("\n") == 1 and "unavailable" in err and "s3cret-pw" not in err

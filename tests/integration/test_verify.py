@@ -275,3 +275,42 @@ def test_verify_refuses_a_negative_cursor(capsys: pytest.CaptureFixture[str]) ->
     assert code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--cursor" in err and "Traceback" not in err
+
+
+async def test_a_cursor_past_the_end_checks_nothing_and_says_so(
+    store: Store, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A resumed scan that checked nothing is never CLEAN: it says so and exits 1."""
+    await populate(store)
+    code, out, err = await run_cli(capsys, redis_url, namespace, "verify", "--cursor", "999999999")
+    assert "CLEAN" not in out and err == ""
+    _, _, summary = await verify_json(capsys, redis_url, namespace, "--cursor", "999999999")
+    if summary["invocations"] == 0:
+        assert code == 1 and "NOTHING CHECKED" in out and "after cursor 999999999" in out
+    else:  # SCAN masks a large cursor into its table: the keys after it were checked
+        assert code == 0 and "no problem from cursor 999999999 to the end" in out
+
+
+async def test_a_resumed_scan_is_not_called_clean(
+    store: Store, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From a cursor an earlier run printed, a scan without problems is no proof of the
+    whole namespace: it says which part it checked."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    for n in range(30):
+        await store.writer.create(RUN, f"call-{n:02d}", "search", b"{}")
+    _, _, first = await verify_json(capsys, redis_url, namespace, "--batch", "5", "--max-keys", "5")
+    assert not first["complete"]
+    cursor = str(first["next_cursor"])
+    code, out, _ = await run_cli(capsys, redis_url, namespace, "verify", "--cursor", cursor)
+    assert code == 0 and "CLEAN" not in out
+    assert f"no problem from cursor {cursor} to the end" in out
+
+
+async def test_an_empty_namespace_is_not_called_clean(
+    redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing to check is said as such (a mistyped --namespace shows), exit 0."""
+    code, out, _ = await run_cli(capsys, redis_url, namespace + "-empty", "verify")
+    assert code == 0 and "CLEAN" not in out
+    assert f"nothing to check: namespace {namespace}-empty holds no invocation records" in out

@@ -118,7 +118,8 @@ async def test_reader_runs_every_audit_command(
     assert await denials(admin) == []
 
     code, stdout, stderr = await _canon("status", "--json", url, "--shards=4")
-    assert code == 1, stderr  # one warning: the settings CONFIG GET would have read
+    # It could report: exit 0, with one warning (the settings CONFIG GET would have read).
+    assert code == 0, stderr
     assert "unavailable" not in stderr
     assert '"records":2' in stdout and '"appendonly":"yes"' in stdout, stdout
     assert '"maxmemory_policy":"noeviction"' in stdout, stdout

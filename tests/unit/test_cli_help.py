@@ -52,3 +52,47 @@ def test_bad_arguments_are_one_line_and_exit_2(
     err = capsys.readouterr().err
     errors = [line for line in err.splitlines() if line.startswith("canon: error:")]
     assert len(errors) == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_is_plain_text_without_sphinx_markup(
+    command: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Descriptions come from docstrings; no ``literal`` or :role: markup reaches the help."""
+    assert main(["--help"] if command is None else [command, "--help"]) == 0
+    out = capsys.readouterr().out
+    for markup in ("``", ":mod:", ":class:", ":func:", ":meth:", ":data:"):
+        assert markup not in out, (command, markup)
+
+
+def test_serve_help_lists_every_route(capsys: pytest.CaptureFixture[str]) -> None:
+    """Each route the HTTP API serves is named in ``canon serve --help``."""
+    from projections.http import ROUTES
+
+    assert main(["serve", "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
+    for route in ROUTES:
+        assert route in out, route
+
+
+@pytest.mark.parametrize("command", ["replay", "verify", "export", "inspect", "status", "rebuild"])
+def test_commands_that_create_no_record_take_no_ttl(
+    command: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A record TTL means nothing to a command that never creates a record."""
+    assert main([command, "--help"]) == 0
+    assert "--ttl-s" not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("command", ["demo", "workers", "serve"])
+def test_commands_that_write_take_a_ttl(command: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The commands that create records, or trim feeds by the record TTL, keep ``--ttl-s``."""
+    assert main([command, "--help"]) == 0
+    assert "--ttl-s" in capsys.readouterr().out
+
+
+def test_top_level_help_gives_the_exit_codes(capsys: pytest.CaptureFixture[str]) -> None:
+    """``canon --help`` ends with the exit-code table in one line."""
+    assert main(["--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "0 ok, 1 problems found, 2 usage, 3 Redis unavailable" in out

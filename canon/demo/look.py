@@ -1,0 +1,101 @@
+"""The demo's last block: where it wrote, and the exact commands that show it.
+
+An operator starts where the demo ends: the namespace, the server, and the commands
+(``canon replay``, ``export``, ``status``, ``verify``) with the right ``--redis-url`` and
+``--namespace``, ready to paste. A password in the URL is never printed.
+"""
+
+from __future__ import annotations
+
+import os
+import pathlib
+import shlex
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+from rich.console import Console
+
+#: Stands for the URL of the server a later command starts (it logs the URL).
+URL_PLACEHOLDER = "URL"
+
+
+@dataclass
+class Where:
+    """Where the demo wrote: its namespace, its server, and the calls worth a look."""
+
+    namespace: str
+    redis_url: str | None = None
+    embedded_url: str | None = None
+    data_dir: pathlib.Path | None = None
+    #: The embedded server still runs when the block is printed (and its URL answers).
+    kept_running: bool = False
+    run_id: str = ""
+    failed_call: str | None = None
+    runs: list[str] = field(default_factory=list)
+
+
+def shown_url(url: str) -> str:
+    """The URL as it may be printed: a password in it becomes ``PASSWORD``."""
+    parts = urlsplit(url)
+    if not parts.password:
+        return url
+    user = parts.username or "default"
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"{user}:PASSWORD@{host}"))
+
+
+def _url_flag(where: Where) -> str:
+    if where.redis_url:
+        return f"--redis-url {shlex.quote(shown_url(where.redis_url))}"
+    if where.embedded_url is None:
+        return '--redis-url "$REDIS_URL"'
+    return f"--redis-url {where.embedded_url if where.kept_running else URL_PLACEHOLDER}"
+
+
+def look_commands(where: Where) -> list[tuple[str, str]]:
+    """The commands that show what the demo wrote, each with what it shows."""
+    target = f"{_url_flag(where)} --namespace {shlex.quote(where.namespace)}"
+    run = shlex.quote(where.run_id)
+    commands = [(f"canon replay {run} {target}", "every call of a run: timeline and verdict")]
+    if where.failed_call:
+        commands.append(
+            (
+                f"canon replay {run} {shlex.quote(where.failed_call)} {target}",
+                "the call whose tool failed (EXECUTION_FAILED)",
+            )
+        )
+    commands += [
+        (f"canon export {run} {target}", "the run's records and events as JSON Lines"),
+        (f"canon status {target}", "records, projections, dead letters, memory"),
+        (f"canon verify {target}", "check every record against its journal"),
+    ]
+    return commands
+
+
+def print_look(console: Console, where: Where) -> None:
+    """Print the block that ends the demo: where it wrote and how to look at it."""
+    console.rule("look at what the demo wrote")
+    console.print(
+        f"namespace {where.namespace} · runs {', '.join(where.runs) or '-'}", highlight=False
+    )
+    if where.embedded_url is not None and not where.kept_running:
+        data_dir = shlex.quote(str(where.data_dir))
+        console.print(
+            f"The embedded Redis stopped with the demo; its data stays in {where.data_dir}. "
+            "Start a server on that data (its embedded_redis_started log line gives the URL):",
+            highlight=False,
+        )
+        console.print(f"  canon serve --data-dir {data_dir}", soft_wrap=True, highlight=False)
+        console.print(
+            f"then, in another terminal, with {URL_PLACEHOLDER} replaced by that URL:",
+            highlight=False,
+        )
+    elif where.redis_url is None and os.environ.get("REDIS_URL"):
+        console.print("The server is the one of $REDIS_URL:", highlight=False)
+    for command, what in look_commands(where):
+        console.print(f"  # {what}", style="dim", highlight=False)
+        console.print(f"  {command}", soft_wrap=True, highlight=False, markup=False)
+    console.print(
+        "Exit codes: 0 ok, 1 problems found, 2 usage, 3 Redis unavailable (docs/operators.md).",
+        highlight=False,
+    )

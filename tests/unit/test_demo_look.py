@@ -1,0 +1,49 @@
+"""The demo's last block names the exact commands, with the right server and namespace."""
+
+from __future__ import annotations
+
+import io
+import pathlib
+
+import pytest
+from rich.console import Console
+
+from canon.demo.look import Where, look_commands, print_look, shown_url
+
+
+def render(where: Where) -> str:
+    """The block as printed on an 80-column console."""
+    buffer = io.StringIO()
+    print_look(Console(file=buffer, width=80, color_system=None), where)
+    return buffer.getvalue()
+
+
+def test_a_password_in_the_url_is_never_printed() -> None:
+    """The user's URL is shown with PASSWORD in place of the password."""
+    where = Where(namespace="demo", redis_url="redis://ops:s3cret@db.example:6380/0")
+    where.run_id, where.failed_call, where.runs = "run-1", "call_041", ["run-1"]
+    text = render(where)
+    assert "s3cret" not in text
+    assert "canon replay run-1 call_041 --redis-url redis://ops:PASSWORD@db.example:6380/0" in text
+    assert shown_url("redis://db.example:6380/0") == "redis://db.example:6380/0"
+
+
+def test_a_stopped_embedded_server_is_replaced_by_a_served_one(tmp_path: pathlib.Path) -> None:
+    """After an embedded run the block says how to serve the kept data and uses URL for it;
+    a server that still runs is named by its own URL."""
+    where = Where(namespace="demo", embedded_url="redis://127.0.0.1:4000/0", data_dir=tmp_path)
+    where.run_id, where.runs = "run-1", ["run-1"]
+    text = render(where)
+    assert f"canon serve --data-dir {tmp_path}" in text
+    assert "canon status --redis-url URL --namespace demo" in text
+    assert "redis://127.0.0.1:4000/0" not in text.split("look at what")[1]
+    where.kept_running = True
+    assert all("127.0.0.1:4000" in command for command, _ in look_commands(where))
+
+
+def test_a_url_from_the_environment_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    """With REDIS_URL set the commands say "$REDIS_URL", not its value."""
+    monkeypatch.setenv("REDIS_URL", "redis://u:pw@10.0.0.1:6379/0")
+    where = Where(namespace="demo", run_id="run-1", runs=["run-1"])
+    text = render(where)
+    assert '--redis-url "$REDIS_URL"' in text and "10.0.0.1" not in text and "pw@" not in text
