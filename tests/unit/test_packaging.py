@@ -1,8 +1,9 @@
-"""What ships: the built wheel carries every Lua script and typing marker."""
+"""What ships: the built wheel carries every module, Lua script and typing marker."""
 
 from __future__ import annotations
 
 import pathlib
+import shutil
 import subprocess
 import sys
 import zipfile
@@ -10,10 +11,19 @@ import zipfile
 ROOT = pathlib.Path(__file__).parents[2]
 
 
-def test_wheel_contains_every_lua_script_and_py_typed(tmp_path: pathlib.Path):
-    """A script or marker missing from the package data fails here, not at a user's site."""
+PACKAGES = ("machine", "eventstore", "projections", "canon")
+_NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+
+
+def test_wheel_contains_every_module_lua_script_and_py_typed(tmp_path: pathlib.Path):
+    """A module of a subpackage, a script or a marker missing from the wheel fails here,
+    not at a user's site."""
+    # From a copy without build/: a stale build/lib of an earlier build would otherwise be
+    # packed too and hide a module the package list leaves out.
+    source = tmp_path / "source"
+    shutil.copytree(ROOT, source, ignore=shutil.ignore_patterns(*_NOT_SOURCE))
     subprocess.run(
-        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(ROOT)],
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path), str(source)],
         check=True,
         capture_output=True,
         timeout=300,
@@ -21,6 +31,11 @@ def test_wheel_contains_every_lua_script_and_py_typed(tmp_path: pathlib.Path):
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("*/scripts/*.lua")}
-    expected |= {f"{package}/py.typed" for package in ("machine", "eventstore", "projections")}
+    expected |= {f"{package}/py.typed" for package in PACKAGES}
+    expected |= {
+        p.relative_to(ROOT).as_posix()
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("*.py")
+    }
     assert expected, "no Lua scripts found in the source tree"
     assert expected <= names, sorted(expected - names)
