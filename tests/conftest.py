@@ -19,11 +19,14 @@ flushes a database. The session-wide log scan is a plugin, ``tests/support/log_s
 
 from __future__ import annotations
 
+import asyncio
 import os
+import pathlib
 import secrets
 import shutil
 import subprocess
-from collections.abc import AsyncIterator, Iterator
+import sys
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -248,3 +251,37 @@ async def make_open_store(make_store: Any) -> Any:
         return store
 
     return make
+
+
+#: Starts ``python -m <module> <args>`` from the repository root, pipes on every stream.
+SpawnModule = Callable[..., Awaitable[asyncio.subprocess.Process]]
+_ROOT = pathlib.Path(__file__).parents[1]
+
+
+@pytest.fixture
+async def spawn_module() -> AsyncIterator[SpawnModule]:
+    """Start Python modules of this repository as subprocesses (``spawn(module, *args)``);
+    every one still running is killed after the test, and all are reaped."""
+    processes: list[asyncio.subprocess.Process] = []
+    path = os.environ.get("PYTHONPATH", "")
+
+    async def spawn(module: str, *args: str) -> asyncio.subprocess.Process:
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            module,
+            *args,
+            cwd=_ROOT,
+            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(_ROOT), path]))},
+            stdin=asyncio.subprocess.PIPE,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+        )
+        processes.append(process)
+        return process
+
+    yield spawn
+    for process in processes:
+        if process.returncode is None:
+            process.kill()
+        await process.wait()

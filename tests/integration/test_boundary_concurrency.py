@@ -4,10 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import os
-import pathlib
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
 from typing import Any
 
 import msgspec
@@ -16,10 +13,9 @@ from redis.asyncio import Redis
 
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolSpec
 from machine.codes import Status
+from tests.conftest import SpawnModule
 from tests.support.calls import RUN, TOOL, envelope, open_run, outcome
 from tests.support.tools import namespace_keys
-
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 
 
 class CountingTool:
@@ -170,35 +166,12 @@ async def test_same_tool_call_id_from_two_clients_runs_once(make_store: Any, red
     assert (await stores[0].run_info(RUN)).used_total == 20  # type: ignore[union-attr]
 
 
-Spawn = Callable[..., Awaitable[asyncio.subprocess.Process]]
-
-
 @pytest.fixture
-async def spawn_harness() -> AsyncIterator[Spawn]:
-    """Start harness subprocesses; every one still running is killed after the test."""
-    processes: list[asyncio.subprocess.Process] = []
-    path = os.environ.get("PYTHONPATH", "")
-
-    async def spawn(*args: str) -> asyncio.subprocess.Process:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.support.harness_process",
-            *args,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))},
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        processes.append(process)
-        return process
-
-    yield spawn
-    for process in processes:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
+def spawn_harness(
+    spawn_module: SpawnModule,
+) -> SpawnModule:
+    """Start ``tests.support.harness_process`` subprocesses (killed after the test)."""
+    return functools.partial(spawn_module, "tests.support.harness_process")
 
 
 @pytest.mark.parametrize(
@@ -211,7 +184,7 @@ async def test_budget_holds_across_two_os_processes(
     redis: Redis,
     redis_url: str,
     namespace: str,
-    spawn_harness: Spawn,
+    spawn_harness: SpawnModule,
     run_budget: int | None,
     tool_budget: int | None,
     refusal: str,

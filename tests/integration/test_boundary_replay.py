@@ -4,10 +4,7 @@ execution, never a second budget unit."""
 from __future__ import annotations
 
 import asyncio
-import os
-import pathlib
-import sys
-from collections.abc import AsyncIterator, Awaitable, Callable
+import functools
 from datetime import timedelta
 from typing import Any
 
@@ -26,12 +23,12 @@ from eventstore import (
 from eventstore.errors import InvalidArgument
 from machine.codes import ErrorCode, Status
 from machine.ids import invocation_id
+from tests.conftest import SpawnModule
 from tests.support import first_call_process
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run
 from tests.support.tools import FakeTool
 from tests.support.waiting import wait_for
 
-ROOT = pathlib.Path(__file__).resolve().parents[2]
 EXPIRY_COMMANDS = ("expire", "pexpire", "expireat", "pexpireat", "persist", "getex")
 
 
@@ -248,39 +245,20 @@ async def test_replay_options_are_checked(store: Store, options: dict[str, Any])
         ToolBoundary(store, {TOOL: FakeTool().spec()}, **options)
 
 
-Spawn = Callable[..., Awaitable[asyncio.subprocess.Process]]
-
-
 @pytest.fixture
-async def spawn_first_call() -> AsyncIterator[Spawn]:
-    """Start first-call processes; every one still running is killed after the test."""
-    processes: list[asyncio.subprocess.Process] = []
-    path = os.environ.get("PYTHONPATH", "")
-
-    async def spawn(*args: str) -> asyncio.subprocess.Process:
-        process = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "tests.support.first_call_process",
-            *args,
-            cwd=ROOT,
-            env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), path]))},
-            stdin=asyncio.subprocess.PIPE,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-        )
-        processes.append(process)
-        return process
-
-    yield spawn
-    for process in processes:
-        if process.returncode is None:
-            process.kill()
-        await process.wait()
+def spawn_first_call(
+    spawn_module: SpawnModule,
+) -> SpawnModule:
+    """Start ``tests.support.first_call_process`` subprocesses (killed after the test)."""
+    return functools.partial(spawn_module, "tests.support.first_call_process")
 
 
 async def test_replay_races_a_first_call_in_another_process(
-    store: Store, redis: Redis, redis_url: str, namespace: str, spawn_first_call: Spawn
+    store: Store,
+    redis: Redis,
+    redis_url: str,
+    namespace: str,
+    spawn_first_call: SpawnModule,
 ):
     """Another OS process runs the call and holds it in its executor; a retry here waits for it
     and gets exactly the reply that process got. The tool ran once (there), one budget unit."""
