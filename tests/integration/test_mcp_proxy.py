@@ -8,6 +8,7 @@ proxy's stderr is checked for payloads and traces after every test.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import signal
@@ -272,6 +273,27 @@ async def test_the_run_options_bound_each_run(proxy: Any, count_file: Path) -> N
     assert second.is_error
     assert json.loads(text_of(second))["error_code"] == "RUN_BUDGET_EXHAUSTED"
     assert upstream_runs(count_file) == ["ping"]
+
+
+async def test_parallel_calls_share_the_upstream_and_each_gets_its_answer(
+    proxy: Any, make_store: Any, count_file: Path
+) -> None:
+    """Five calls in flight at once, one failing, one unknown: each answered as itself."""
+    store: Store = make_store()
+    calls = [("lookup", "a"), ("lookup", "b"), ("fail", "c"), ("lookup", "d"), ("nope", "e")]
+    async with proxy(f"--run-id={RUN}") as session:
+        results = await asyncio.gather(
+            *(call_tool(session, tool, {"q": q}, tool_call_id=f"call_{q}") for tool, q in calls)
+        )
+    for (tool, q), result in zip(calls, results, strict=True):
+        assert result.meta is not None and result.meta[TOOL_CALL_ID_KEY] == f"call_{q}"
+        if tool == "lookup":
+            assert text_of(result) == f"answer to {q}"
+        else:
+            code = "EXECUTION_FAILED" if tool == "fail" else "UNKNOWN_TOOL"
+            assert result.is_error and json.loads(text_of(result))["error_code"] == code
+    assert sorted(upstream_runs(count_file)) == ["fail", "lookup", "lookup", "lookup"]
+    assert await store.get(RUN, "call_e") is None
 
 
 @pytest.fixture
