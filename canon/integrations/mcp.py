@@ -181,15 +181,16 @@ async def serve_tools(
     *,
     run_id: str | None = None,
     name: str = "canon",
+    open_runs: tuple[Store, RunOptions] | None = None,
     streams: tuple[Any, Any] | None = None,
 ) -> None:
-    """Serve ``specs`` over MCP until the client goes away.
+    """Serve ``specs`` over MCP until the client goes away (options: :func:`build_server`).
 
     By default on this process's stdin and stdout (while it serves, the SDK points file
     descriptor 1 at stderr, so nothing but the protocol reaches stdout); ``streams`` serve
     one connection over any other transport's (read, write) pair instead.
     """
-    server = build_server(boundary, specs, name=name, run_id=run_id)
+    server = build_server(boundary, specs, name=name, run_id=run_id, open_runs=open_runs)
     async with AsyncExitStack() as stack:
         read_stream, write_stream = (
             streams if streams is not None else await stack.enter_async_context(stdio_server())

@@ -19,6 +19,7 @@ from canon.integrations.mcp import (
     INVOCATION_ID_KEY,
     RUN_ID_KEY,
     TOOL_CALL_ID_KEY,
+    RunOptions,
     call_meta,
     call_tool,
     serve_tools,
@@ -222,4 +223,29 @@ async def test_meta_ids_that_are_not_strings_are_refused_never_replaced(served: 
             "lookup", {"q": "x"}, meta={**call_meta(run_id=RUN), TOOL_CALL_ID_KEY: 7}
         )
     assert result.is_error and payload(result)["error_code"] == "INVALID_TOOL_CALL_ID"
+    assert executor.calls == []
+
+
+async def test_with_open_runs_each_connections_run_is_opened_with_the_options(
+    served: Any,
+) -> None:
+    """No run id anywhere: ``open_runs`` opens ``mcp-<connection id>`` with its budget."""
+    store, boundary, executor = served
+    options = RunOptions(deadline=timedelta(minutes=1), budget=1)
+    async with connected(boundary, specs(executor), open_runs=(store, options)) as session:
+        first = await session.call_tool("lookup", {"q": "x"})
+        second = await session.call_tool("lookup", {"q": "y"})
+    assert first.meta is not None and first.meta[RUN_ID_KEY].startswith("mcp-")
+    assert payload(first) == {"answer": "x"}
+    assert payload(second)["error_code"] == "RUN_BUDGET_EXHAUSTED"
+    info = await store.run_info(first.meta[RUN_ID_KEY])
+    assert info is not None
+
+
+async def test_without_open_runs_an_unopened_run_is_refused_unrun(served: Any) -> None:
+    """The harness opens its runs: a call into a run nobody opened runs nothing."""
+    _, boundary, executor = served
+    async with connected(boundary, specs(executor)) as session:
+        result = await session.call_tool("lookup", {"q": "x"})
+    assert result.is_error and payload(result)["error_code"] == "RUN_INACTIVE"
     assert executor.calls == []
