@@ -18,7 +18,8 @@ from typing import Final
 from canon.exitcodes import RET_USAGE
 from canon.failures import explain, fail, server_of
 
-#: Subcommand modules under ``canon.commands``; each has ``register(subparsers)``.
+#: Subcommands; each is a module under ``canon.commands`` (``-`` spelled ``_``) with
+#: ``register(subparsers)``.
 COMMANDS: Final = (
     "demo",
     "replay",
@@ -30,6 +31,7 @@ COMMANDS: Final = (
     "workers",
     "serve",
     "bench",
+    "mcp-proxy",
 )
 #: The distribution ``canon --version`` reports.
 DISTRIBUTION: Final = "canon-store"
@@ -73,7 +75,7 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in COMMANDS:
-        importlib.import_module(f"canon.commands.{name}").register(subparsers)
+        importlib.import_module(f"canon.commands.{name.replace('-', '_')}").register(subparsers)
     return parser
 
 

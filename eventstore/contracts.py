@@ -87,6 +87,11 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
         projector_in_thread: run a plain projector in a worker thread too (for a slow
             one); by default it runs on the event loop, as projectors are meant to be
             quick.
+        description: what the tool does, for the stacks that show tools to a model
+            (an MCP server's tool list, a framework's tool objects).
+        input_schema: the JSON Schema of the tool's arguments, for those same stacks;
+            descriptive only: the boundary checks that the input is a JSON object
+            within the limits, never the schema.
     """
 
     executor: Executor
@@ -96,6 +101,8 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     timeout_s: float | None = None
     thread: bool = True
     projector_in_thread: bool = False
+    description: str = ""
+    input_schema: Mapping[str, Any] | None = None
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):

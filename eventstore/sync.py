@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -34,6 +34,12 @@ from eventstore.store import Store
 from machine.limits import Limits
 
 T = TypeVar("T")
+
+
+async def _gather(
+    boundary: ToolBoundary, ctx: RunContext, envelopes: Sequence[ToolEnvelope]
+) -> list[AgentReply]:
+    return list(await asyncio.gather(*(boundary.invoke(ctx, envelope) for envelope in envelopes)))
 
 
 async def _build(factory: Callable[[], T]) -> T:
@@ -244,6 +250,17 @@ class SyncBoundary:
         if self._closed:
             raise StoreClosed("this SyncBoundary is closed")
         return self._store.call(self._boundary.invoke(ctx, envelope))
+
+    def invoke_all(self, ctx: RunContext, envelopes: Sequence[ToolEnvelope]) -> list[AgentReply]:
+        """Run several calls (one model turn's) concurrently; replies in the calls' order.
+
+        Raises:
+            StoreClosed: the boundary or its store was closed.
+
+        """
+        if self._closed:
+            raise StoreClosed("this SyncBoundary is closed")
+        return self._store.call(_gather(self._boundary, ctx, envelopes))
 
     def close(self) -> None:
         """Stop this boundary's own tool threads, waiting for tools still running."""

@@ -89,6 +89,31 @@ def test_sixteen_threads_share_one_boundary_with_exact_budgets(
         ]
 
 
+def test_invoke_all_runs_one_turns_calls_together_in_their_order(
+    redis_url: str, namespace: str
+) -> None:
+    """A model turn's calls run concurrently and come back in the order they were sent,
+    a failing one in its place; a closed boundary refuses."""
+    with SyncStore.from_url(redis_url, namespace=namespace) as store:
+        store.open_run(RUN, deadline=timedelta(minutes=5), budget=10)
+        boundary = SyncBoundary(store, {TOOL: SPEC}, max_tool_threads=4)
+        calls = [envelope(f"turn-{i}", arguments={"q": i}) for i in range(4)]
+        calls.insert(2, envelope("turn-unknown", tool="no_such_tool"))
+        replies = boundary.invoke_all(RunContext(RUN), calls)
+        assert [reply.tool_call_id for reply in replies] == [call.tool_call_id for call in calls]
+        assert [outcome(reply) for reply in replies] == [
+            "READY",
+            "READY",
+            ErrorCode.UNKNOWN_TOOL.value,
+            "READY",
+            "READY",
+        ]
+        assert [getattr(reply, "result", None) for reply in replies] == [[0], [1], None, [2], [3]]
+        boundary.close()
+        with pytest.raises(StoreClosed):
+            boundary.invoke_all(RunContext(RUN), calls)
+
+
 def client_count(admin: redis.Redis) -> int:
     """Connections the server has open, the admin's own included."""
     return len(admin.client_list())

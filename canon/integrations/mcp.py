@@ -1,0 +1,282 @@
+"""MCP: serve tools through the boundary, and name each call the way canon needs.
+
+An MCP ``tools/call`` carries no tool call id, so canon defines one convention: the host
+puts its own ids in the request's ``_meta`` under :data:`TOOL_CALL_ID_KEY`
+(``io.canon/tool_call_id``) and :data:`RUN_ID_KEY` (``io.canon/run_id``); :func:`call_tool`
+does that on a ``ClientSession``. A host that sends none gets a stable fallback that never
+collides across connections: the run id ``mcp-<connection id>`` and the tool call id
+``mcp-<connection id>-<JSON-RPC request id>``, where the connection id is the HTTP
+``Mcp-Session-Id`` or, on stdio and in-process transports, a random id drawn once per
+connection (a stateless HTTP request is its own connection). Every result's ``_meta``
+tells the host which ids the call was recorded under (and its ``io.canon/invocation_id``).
+
+:func:`build_server` gives an MCP server (the SDK's low-level ``Server``) whose tools are
+``ToolSpec``s (or the listing of another MCP server: see ``canon mcp-proxy``), and
+:func:`serve_tools` runs one on stdio. Errors are ``isError: true`` results whose text is
+the safe error JSON; a call without ``arguments`` is a call with ``{}``.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import AsyncExitStack, asynccontextmanager
+from datetime import timedelta
+from typing import Any, Final, cast
+
+import msgspec
+
+from canon.integrations._shared import is_error, reply_content, require
+from eventstore.boundary import ToolBoundary
+from eventstore.contracts import AgentReply, RunContext, ToolEnvelope, ToolResult, ToolSpec
+from eventstore.errors import CanonError, RunExists
+from eventstore.store import Store
+
+require("mcp", "mcp")
+
+import mcp_types as types  # noqa: E402  (after the extra's check, on purpose)
+from mcp.client.session import ClientSession  # noqa: E402
+from mcp.server.context import ServerRequestContext  # noqa: E402
+from mcp.server.lowlevel import Server  # noqa: E402
+from mcp.server.stdio import stdio_server  # noqa: E402
+
+#: ``_meta`` key of the host's own tool call id (any id canon accepts, used exactly).
+TOOL_CALL_ID_KEY: Final = "io.canon/tool_call_id"
+#: ``_meta`` key of the run the call belongs to.
+RUN_ID_KEY: Final = "io.canon/run_id"
+#: ``_meta`` key, on results, of the canonical record's public id.
+INVOCATION_ID_KEY: Final = "io.canon/invocation_id"
+
+#: Prefix of the fallback run and tool call ids of hosts that send no ids.
+FALLBACK_PREFIX: Final = "mcp"
+#: Schema listed for a ToolSpec that declares none: any JSON object.
+ANY_OBJECT: Final[Mapping[str, Any]] = {"type": "object"}
+
+# A session id the fallback run id may embed as it is (run ids are key-safe).
+_SAFE_SESSION_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
+_SESSION_HEADER = "mcp-session-id"
+
+ResultOf = Callable[[ToolResult], types.CallToolResult]
+
+
+class RunOptions(msgspec.Struct, frozen=True, kw_only=True):
+    """How a server opens the runs it sees, when it is the one that opens them.
+
+    Attributes:
+        deadline: how long each run accepts calls, from its first call.
+        budget: most invocations per run (None: no run budget).
+
+    """
+
+    deadline: timedelta = timedelta(hours=1)
+    budget: int | None = None
+
+
+def call_meta(*, tool_call_id: str | None = None, run_id: str | None = None) -> dict[str, Any]:
+    """The ``_meta`` entries that name a call's ids under canon's convention."""
+    meta: dict[str, Any] = {}
+    if tool_call_id is not None:
+        meta[TOOL_CALL_ID_KEY] = tool_call_id
+    if run_id is not None:
+        meta[RUN_ID_KEY] = run_id
+    return meta
+
+
+async def call_tool(
+    session: ClientSession,
+    name: str,
+    arguments: Mapping[str, Any] | None = None,
+    *,
+    tool_call_id: str | None = None,
+    run_id: str | None = None,
+    read_timeout_seconds: float | None = None,
+) -> types.CallToolResult:
+    """``session.call_tool`` with the host's tool call id and run id in ``_meta``."""
+    meta = call_meta(tool_call_id=tool_call_id, run_id=run_id)
+    return await session.call_tool(
+        name,
+        dict(arguments) if arguments is not None else None,
+        read_timeout_seconds,
+        meta=cast(types.RequestParamsMeta, meta) if meta else None,
+    )
+
+
+def tool_definitions(specs: Mapping[str, ToolSpec]) -> list[types.Tool]:
+    """The MCP tool listing of ``specs``: names, descriptions and input schemas."""
+    return [
+        types.Tool(
+            name=name,
+            description=spec.description or None,
+            input_schema=dict(spec.input_schema or ANY_OBJECT),
+        )
+        for name, spec in specs.items()
+    ]
+
+
+def json_result(reply: ToolResult) -> types.CallToolResult:
+    """The result a host sees for a ToolSpec's reply: the bounded result as JSON text."""
+    return types.CallToolResult(content=[types.TextContent(type="text", text=reply_content(reply))])
+
+
+def build_server(
+    boundary: ToolBoundary,
+    tools: Mapping[str, ToolSpec] | Sequence[types.Tool],
+    *,
+    name: str = "canon",
+    run_id: str | None = None,
+    open_runs: tuple[Store, RunOptions] | None = None,
+    result_of: ResultOf = json_result,
+) -> Server[dict[str, Any]]:
+    """Build an MCP server that lists ``tools`` and runs every call through ``boundary``.
+
+    Args:
+        boundary: runs the calls; it must know every listed tool.
+        tools: the ToolSpecs to list (their descriptions and input schemas), or MCP tool
+            definitions listed exactly as given (a proxy lists its upstream's).
+        name: the server's name in the MCP handshake.
+        run_id: the run of calls whose ``_meta`` names none (default: one run per
+            connection, ``mcp-<connection id>``).
+        open_runs: a store and options: open each run the server sees on its first call
+            (a run opened beforehand is used as it is). Without it, the harness opens
+            the runs.
+        result_of: turns a successful reply into the host's result.
+
+    """
+    listing = tool_definitions(tools) if isinstance(tools, Mapping) else list(tools)
+    opener = _RunOpener(*open_runs) if open_runs is not None else None
+
+    @asynccontextmanager
+    async def connection(_: Server[dict[str, Any]]) -> AsyncIterator[dict[str, Any]]:
+        # Entered once per served connection (stdio, in-process); HTTP enters it once
+        # per session manager, so there the Mcp-Session-Id names the connection.
+        yield {"connection_id": secrets.token_hex(8)}
+
+    async def list_tools(
+        ctx: ServerRequestContext[dict[str, Any]], params: types.PaginatedRequestParams | None
+    ) -> types.ListToolsResult:
+        return types.ListToolsResult(tools=listing)
+
+    async def call(
+        ctx: ServerRequestContext[dict[str, Any]], params: types.CallToolRequestParams
+    ) -> types.CallToolResult:
+        call_run_id, tool_call_id = call_ids(ctx, params.meta, default_run_id=run_id)
+        if opener is not None:
+            await opener.ensure(call_run_id)
+        envelope = ToolEnvelope(
+            run_id=call_run_id,
+            tool_call_id=tool_call_id,
+            tool=params.name,
+            arguments=params.arguments if params.arguments is not None else {},
+        )
+        reply = await boundary.invoke(RunContext(call_run_id), envelope)
+        return _answer(reply, call_run_id, result_of)
+
+    return Server(name, lifespan=connection, on_list_tools=list_tools, on_call_tool=call)
+
+
+async def serve_tools(
+    boundary: ToolBoundary,
+    specs: Mapping[str, ToolSpec],
+    *,
+    run_id: str | None = None,
+    name: str = "canon",
+    open_runs: tuple[Store, RunOptions] | None = None,
+    streams: tuple[Any, Any] | None = None,
+) -> None:
+    """Serve ``specs`` over MCP until the client goes away (options: :func:`build_server`).
+
+    By default on this process's stdin and stdout (while it serves, the SDK points file
+    descriptor 1 at stderr, so nothing but the protocol reaches stdout); ``streams`` serve
+    one connection over any other transport's (read, write) pair instead.
+    """
+    server = build_server(boundary, specs, name=name, run_id=run_id, open_runs=open_runs)
+    async with AsyncExitStack() as stack:
+        read_stream, write_stream = (
+            streams if streams is not None else await stack.enter_async_context(stdio_server())
+        )
+        await server.run(read_stream, write_stream, server.create_initialization_options())
+
+
+def call_ids(
+    ctx: ServerRequestContext[dict[str, Any]],
+    meta: Mapping[str, Any] | None,
+    *,
+    default_run_id: str | None = None,
+) -> tuple[str, str]:
+    """The (run id, tool call id) of one call: the host's from ``_meta``, else the fallback.
+
+    A ``_meta`` id that is not a string reaches the boundary as ``""`` and is refused
+    there (INVALID_TOOL_CALL_ID or RUN_MISMATCH): an id is never replaced.
+    """
+    meta = meta or {}
+    connection_id = _connection_id(ctx)
+    if RUN_ID_KEY in meta:
+        run_id = _text(meta[RUN_ID_KEY])
+    else:
+        run_id = default_run_id or f"{FALLBACK_PREFIX}-{connection_id}"
+    if TOOL_CALL_ID_KEY in meta:
+        tool_call_id = _text(meta[TOOL_CALL_ID_KEY])
+    else:
+        tool_call_id = f"{FALLBACK_PREFIX}-{connection_id}-{ctx.request_id}"
+    return run_id, tool_call_id
+
+
+def _text(value: Any) -> str:
+    return value if isinstance(value, str) else ""
+
+
+def _connection_id(ctx: ServerRequestContext[dict[str, Any]]) -> str:
+    """Name the connection a request came on, unique across connections and processes."""
+    headers = getattr(ctx.request, "headers", None)
+    if headers is None:
+        return str(ctx.lifespan_context["connection_id"])
+    session_id = headers.get(_SESSION_HEADER)
+    if isinstance(session_id, str) and _SAFE_SESSION_ID.fullmatch(session_id):
+        return session_id
+    # Stateless HTTP: no session ties two requests together, so each is its own.
+    return secrets.token_hex(8)
+
+
+def _answer(reply: AgentReply, run_id: str, result_of: ResultOf) -> types.CallToolResult:
+    meta: dict[str, Any] = {RUN_ID_KEY: run_id}
+    if reply.tool_call_id is not None:
+        meta[TOOL_CALL_ID_KEY] = reply.tool_call_id
+    if reply.invocation_id is not None:
+        meta[INVOCATION_ID_KEY] = reply.invocation_id
+    if is_error(reply) or not isinstance(reply, ToolResult):
+        result = types.CallToolResult(
+            content=[types.TextContent(type="text", text=reply_content(reply))], is_error=True
+        )
+    else:
+        result = result_of(reply)
+    return result.model_copy(update={"meta": {**(result.meta or {}), **meta}})
+
+
+class _RunOpener:
+    """Opens each run id once per server; a run registered elsewhere is used as it is."""
+
+    #: Run ids remembered; past it the set starts over (a reopen is one RunExists).
+    _REMEMBERED = 10_000
+
+    def __init__(self, store: Store, options: RunOptions) -> None:
+        self._store = store
+        self._options = options
+        self._opened: set[str] = set()
+
+    async def ensure(self, run_id: str) -> None:
+        if run_id in self._opened:
+            return
+        try:
+            await self._store.open_run(
+                run_id, deadline=self._options.deadline, budget=self._options.budget
+            )
+        except RunExists:
+            pass
+        except CanonError:
+            # An unsafe id or Redis away: the boundary answers the call with the matching
+            # safe error, so nothing is decided here.
+            return
+        if len(self._opened) >= self._REMEMBERED:
+            self._opened.clear()
+        self._opened.add(run_id)

@@ -1,0 +1,399 @@
+"""``canon mcp-proxy`` in front of an unmodified MCP server, both real subprocesses.
+
+The host is the SDK's own client (``stdio_client`` + ``ClientSession``, or its
+streamable-HTTP client); the upstream is tests/support/mcp_upstream_server.py (the SDK's
+MCPServer). A stray byte on the proxy's stdout would break the client's parsing, and the
+proxy's stderr is checked for payloads and traces after every test.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import AsyncIterator, Iterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from mcp import ClientSession, StdioServerParameters, stdio_client
+from mcp.client.streamable_http import streamable_http_client
+from mcp_types import CallToolResult, TextContent
+
+from canon.integrations.mcp import INVOCATION_ID_KEY, RUN_ID_KEY, TOOL_CALL_ID_KEY, call_tool
+from eventstore import Store
+from machine.codes import ErrorCode, EvidenceStatus, Status
+from machine.ids import invocation_id
+from projections import ReceiptWorker
+from projections.inspection import inspect_invocation
+from projections.journal import JournalState
+from tests.support.log_scan import LOG_FORBIDDEN
+from tests.support.provider_ids import ACCEPTED
+from tests.support.waiting import wait_for
+
+ROOT = Path(__file__).parents[2]
+UPSTREAM = [sys.executable, str(ROOT / "tests" / "support" / "mcp_upstream_server.py")]
+RUN = "run-proxy"
+#: What a payload in the host's arguments looks like; it must never reach a log.
+MARKER = "PAYLOAD-MARKER-arg"
+
+pytestmark = pytest.mark.timeout(90)
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def proxy_argv(redis_url: str, namespace: str, *options: str, upstream: list[str]) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "canon.cli",
+        "mcp-proxy",
+        f"--redis-url={redis_url}",
+        f"--namespace={namespace}",
+        *options,
+        "--",
+        *upstream,
+    ]
+
+
+def assert_clean(log: Path) -> None:
+    text = log.read_text(errors="replace")
+    leaked = [fragment for fragment in (*LOG_FORBIDDEN, "Traceback", MARKER) if fragment in text]
+    assert not leaked, f"{log.name} holds {leaked}: {text[-2000:]}"
+
+
+@pytest.fixture
+def count_file(tmp_path: Path) -> Path:
+    """Where the upstream writes one line per tool it really ran."""
+    return tmp_path / "upstream-calls"
+
+
+@pytest.fixture
+def stderr_logs(tmp_path: Path) -> Iterator[list[Path]]:
+    """The proxies' stderr files; after the test none may hold a payload or a trace."""
+    logs: list[Path] = []
+    yield logs
+    for log in logs:
+        assert_clean(log)
+
+
+@pytest.fixture
+def proxy(
+    redis_url: str, namespace: str, tmp_path: Path, count_file: Path, stderr_logs: list[Path]
+) -> Any:
+    """Connects the SDK's stdio client to a fresh ``canon mcp-proxy`` process.
+
+    ``stdio_client`` starts the process and, on leaving the block, closes its stdin and
+    reaps it (terminating it if it lingers).
+    """
+
+    @asynccontextmanager
+    async def connect(*options: str, upstream: list[str] | None = None) -> AsyncIterator[Any]:
+        argv = proxy_argv(
+            redis_url,
+            namespace,
+            *options,
+            upstream=upstream if upstream is not None else [*UPSTREAM, str(count_file)],
+        )
+        log = tmp_path / f"proxy-{len(stderr_logs)}.stderr"
+        stderr_logs.append(log)
+        parameters = StdioServerParameters(
+            command=argv[0], args=argv[1:], env=dict(os.environ), cwd=str(ROOT)
+        )
+        with log.open("w") as errlog:
+            async with (
+                stdio_client(parameters, errlog=errlog) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+                yield session
+        # The proxy logs to stderr (so the leak check after the test reads real logs).
+        assert "mcp_proxy_started" in log.read_text()
+
+    return connect
+
+
+def text_of(result: CallToolResult) -> str:
+    [block] = result.content
+    assert isinstance(block, TextContent)
+    return block.text
+
+
+def upstream_runs(count_file: Path) -> list[str]:
+    return count_file.read_text().splitlines() if count_file.exists() else []
+
+
+async def test_the_upstreams_tools_are_listed_as_the_upstream_lists_them(proxy: Any) -> None:
+    """Names, descriptions, input and output schemas pass through unchanged."""
+    direct = StdioServerParameters(command=UPSTREAM[0], args=UPSTREAM[1:])
+    async with stdio_client(direct) as (read, write), ClientSession(read, write) as session:
+        await session.initialize()
+        upstream = (await session.list_tools()).tools
+    async with proxy() as session:
+        proxied = (await session.list_tools()).tools
+    assert [tool.name for tool in proxied] == ["lookup", "fail", "ping"]
+    assert [t.model_dump() for t in proxied] == [t.model_dump() for t in upstream]
+
+
+async def test_a_call_is_recorded_with_the_hosts_ids_and_gets_a_receipt(
+    proxy: Any, make_store: Any
+) -> None:
+    """A provider-shaped ``_meta`` id reaches the record exactly; raw, result and receipt."""
+    store: Store = make_store()
+    # The harness opened the run itself (it holds the receipt token); the proxy uses it.
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    call_id = ACCEPTED["anthropic"]
+    async with proxy() as session:
+        result = await call_tool(session, "lookup", {"q": MARKER}, tool_call_id=call_id, run_id=RUN)
+    assert not result.is_error
+    assert text_of(result) == f"answer to {MARKER}"
+    assert result.structured_content == {"result": f"answer to {MARKER}"}
+    assert result.meta == {
+        RUN_ID_KEY: RUN,
+        TOOL_CALL_ID_KEY: call_id,
+        INVOCATION_ID_KEY: invocation_id(RUN, call_id),
+    }
+
+    record = await store.get(RUN, call_id)
+    assert record is not None and record.state.status is Status.READY
+    assert record.state.evidence_status is EvidenceStatus.EVIDENCE_FOUND
+    assert json.loads(record.request) == {"q": MARKER}
+    assert record.raw is not None and json.loads(record.raw) == {
+        "content": [{"type": "text", "text": f"answer to {MARKER}"}],
+        "structuredContent": {"result": f"answer to {MARKER}"},
+        "isError": False,
+        "resultType": "complete",
+    }
+    assert record.result is not None and json.loads(record.result) == {
+        "content": [{"type": "text", "text": f"answer to {MARKER}"}],
+        "structuredContent": {"result": f"answer to {MARKER}"},
+    }
+
+    await ReceiptWorker(store, consumer="w").run(burst=True)
+    receipt = await inspect_invocation(store, RUN, invocation_id(RUN, call_id))
+    assert (receipt.tool_call_id, receipt.tool) == (call_id, "lookup")
+    assert receipt.journal_state is JournalState.COMPLETED
+    assert receipt.result is not None
+
+
+async def test_an_upstream_error_is_an_iserror_result_with_the_safe_error(
+    proxy: Any, make_store: Any, count_file: Path
+) -> None:
+    """The upstream's ``isError`` becomes EXECUTION_FAILED; its error text never shows."""
+    store: Store = make_store()
+    async with proxy(f"--run-id={RUN}") as session:
+        result = await call_tool(session, "fail", {"q": MARKER}, tool_call_id="call_fail")
+    assert result.is_error
+    assert json.loads(text_of(result)) == {
+        "error_code": "EXECUTION_FAILED",
+        "message": "The tool failed while executing.",
+    }
+    assert "PAYLOAD-MARKER" not in result.model_dump_json()
+    record = await store.get(RUN, "call_fail")
+    assert record is not None and record.state.status is Status.ERROR
+    assert record.state.error_code is ErrorCode.EXECUTION_FAILED
+    assert upstream_runs(count_file) == ["fail"]
+
+
+async def test_omitted_arguments_reach_the_upstream_as_an_empty_object(
+    proxy: Any, make_store: Any
+) -> None:
+    """A ``tools/call`` without ``arguments`` is recorded and run with ``{}``."""
+    store: Store = make_store()
+    async with proxy(f"--run-id={RUN}") as session:
+        result = await call_tool(session, "ping", tool_call_id="call_ping")
+    assert text_of(result) == "pong"
+    record = await store.get(RUN, "call_ping")
+    assert record is not None and json.loads(record.request) == {}
+
+
+async def test_two_connections_without_ids_make_two_records(
+    proxy: Any, make_store: Any, count_file: Path
+) -> None:
+    """The fallback ids carry a per-connection id: request 1 of two proxies never collide."""
+    store: Store = make_store()
+    metas = []
+    for _ in range(2):
+        async with proxy(f"--run-id={RUN}") as session:
+            metas.append((await session.call_tool("lookup", {"q": "same"})).meta)
+    ids = [meta[TOOL_CALL_ID_KEY] for meta in metas if meta]
+    assert len(ids) == 2 and ids[0] != ids[1]
+    for call_id in ids:
+        assert call_id.startswith("mcp-")
+        record = await store.get(RUN, call_id)
+        assert record is not None and record.state.status is Status.READY
+    assert upstream_runs(count_file) == ["lookup", "lookup"]
+
+
+async def test_each_connection_without_a_run_id_gets_its_own_run(
+    proxy: Any, make_store: Any
+) -> None:
+    """No run id anywhere: the proxy opens ``mcp-<connection id>`` per connection."""
+    store: Store = make_store()
+    runs = []
+    for _ in range(2):
+        async with proxy() as session:
+            result = await session.call_tool("ping")
+        assert result.meta is not None and not result.is_error
+        runs.append(result.meta[RUN_ID_KEY])
+        assert await store.get(result.meta[RUN_ID_KEY], result.meta[TOOL_CALL_ID_KEY])
+    assert len(set(runs)) == 2
+    assert all(run.startswith("mcp-") for run in runs)
+
+
+async def test_a_resent_call_is_replayed_and_the_upstream_runs_once(
+    proxy: Any, count_file: Path
+) -> None:
+    """The same ``_meta`` id on a second connection gets the recorded answer."""
+    answers = []
+    for _ in range(2):
+        async with proxy(f"--run-id={RUN}") as session:
+            answers.append(await call_tool(session, "lookup", {"q": "x"}, tool_call_id="call_1"))
+    assert [a.model_dump() for a in answers[1:]] == [answers[0].model_dump()]
+    assert upstream_runs(count_file) == ["lookup"]
+
+
+async def test_the_run_options_bound_each_run(proxy: Any, count_file: Path) -> None:
+    """``--budget`` is the run's invocation budget: the second call is refused unrun."""
+    async with proxy(f"--run-id={RUN}", "--budget=1") as session:
+        first = await call_tool(session, "ping", tool_call_id="call_a")
+        second = await call_tool(session, "ping", tool_call_id="call_b")
+    assert not first.is_error
+    assert second.is_error
+    assert json.loads(text_of(second))["error_code"] == "RUN_BUDGET_EXHAUSTED"
+    assert upstream_runs(count_file) == ["ping"]
+
+
+async def test_parallel_calls_share_the_upstream_and_each_gets_its_answer(
+    proxy: Any, make_store: Any, count_file: Path
+) -> None:
+    """Five calls in flight at once, one failing, one unknown: each answered as itself."""
+    store: Store = make_store()
+    calls = [("lookup", "a"), ("lookup", "b"), ("fail", "c"), ("lookup", "d"), ("nope", "e")]
+    async with proxy(f"--run-id={RUN}") as session:
+        results = await asyncio.gather(
+            *(call_tool(session, tool, {"q": q}, tool_call_id=f"call_{q}") for tool, q in calls)
+        )
+    for (tool, q), result in zip(calls, results, strict=True):
+        assert result.meta is not None and result.meta[TOOL_CALL_ID_KEY] == f"call_{q}"
+        if tool == "lookup":
+            assert text_of(result) == f"answer to {q}"
+        else:
+            code = "EXECUTION_FAILED" if tool == "fail" else "UNKNOWN_TOOL"
+            assert result.is_error and json.loads(text_of(result))["error_code"] == code
+    assert sorted(upstream_runs(count_file)) == ["fail", "lookup", "lookup", "lookup"]
+    assert await store.get(RUN, "call_e") is None
+
+
+@pytest.fixture
+def spawn(tmp_path: Path, stderr_logs: list[Path]) -> Iterator[Any]:
+    """Starts processes with their output in a file; kills and reaps the survivors."""
+    processes: list[subprocess.Popen[bytes]] = []
+
+    def start(argv: list[str]) -> subprocess.Popen[bytes]:
+        log = tmp_path / f"spawned-{len(processes)}.log"
+        stderr_logs.append(log)
+        with log.open("wb") as out:
+            process = subprocess.Popen(
+                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT
+            )
+        processes.append(process)
+        return process
+
+    yield start
+    for process in processes:
+        if process.poll() is None:
+            process.kill()
+        process.wait(timeout=10)
+
+
+async def answering(url: str) -> bool:
+    try:
+        async with httpx.AsyncClient() as client:
+            await client.get(url, timeout=1.0)
+    except httpx.TransportError:
+        return False
+    return True
+
+
+async def test_the_streamable_http_proxy_records_every_session_apart(
+    spawn: Any, redis_url: str, namespace: str, make_store: Any, count_file: Path
+) -> None:
+    """``--http``: two HTTP sessions' fallback ids differ (the Mcp-Session-Id); SIGTERM exits 0."""
+    port = free_port()
+    server = spawn(
+        proxy_argv(
+            redis_url,
+            namespace,
+            "--http",
+            f"--port={port}",
+            f"--run-id={RUN}",
+            upstream=[*UPSTREAM, str(count_file)],
+        )
+    )
+    url = f"http://127.0.0.1:{port}/mcp"
+    await wait_for(lambda: answering(url), timeout_s=30)
+    store: Store = make_store()
+    metas = []
+    for _ in range(2):
+        async with streamable_http_client(url) as (read, write), ClientSession(read, write) as s:
+            await s.initialize()
+            assert [tool.name for tool in (await s.list_tools()).tools] == [
+                "lookup",
+                "fail",
+                "ping",
+            ]
+            metas.append((await s.call_tool("lookup", {"q": "x"})).meta)
+            failed = await call_tool(s, "fail", tool_call_id=f"call_f{len(metas)}")
+            assert failed.is_error
+    ids = [meta[TOOL_CALL_ID_KEY] for meta in metas if meta]
+    assert len(set(ids)) == 2
+    for call_id in ids:
+        record = await store.get(RUN, call_id)
+        assert record is not None and record.state.status is Status.READY
+    server.send_signal(signal.SIGTERM)
+    assert server.wait(timeout=20) == 0
+
+
+async def test_an_upstream_over_streamable_http_is_proxied_on_stdio(
+    spawn: Any, proxy: Any, make_store: Any, count_file: Path
+) -> None:
+    """``--upstream-url`` reaches an MCP server over HTTP instead of starting one."""
+    port = free_port()
+    spawn([*UPSTREAM, str(count_file), str(port)])
+    url = f"http://127.0.0.1:{port}/mcp"
+    await wait_for(lambda: answering(url), timeout_s=30)
+    store: Store = make_store()
+    async with proxy(f"--run-id={RUN}", f"--upstream-url={url}", upstream=[]) as session:
+        result = await call_tool(session, "lookup", {"q": "far"}, tool_call_id="call_far")
+    assert text_of(result) == "answer to far"
+    record = await store.get(RUN, "call_far")
+    assert record is not None and record.state.status is Status.READY
+    assert upstream_runs(count_file) == ["lookup"]
+
+
+def test_without_an_upstream_the_proxy_exits_2_with_one_line(redis_url: str) -> None:
+    """No command and no URL: a usage error on one stderr line, nothing on stdout."""
+    done = subprocess.run(
+        [sys.executable, "-m", "canon.cli", "mcp-proxy", f"--redis-url={redis_url}"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        stdin=subprocess.DEVNULL,
+    )
+    assert done.returncode == 2
+    assert done.stdout == ""
+    [line] = done.stderr.splitlines()
+    assert line.startswith("canon: error:")
