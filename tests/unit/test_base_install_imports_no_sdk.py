@@ -31,5 +31,10 @@ def test_the_packages_and_the_cli_import_no_sdk() -> None:
 
 
 def test_an_adapter_loads_its_own_sdk_not_the_others() -> None:
-    """The probe above sees an SDK once an adapter is imported, so it cannot pass blind."""
+    """The probe above sees an SDK once an adapter is imported, so it cannot pass blind.
+
+    (google-genai itself imports ``mcp`` when that is installed: its own choice.)
+    """
     assert sdks_loaded_by("canon.integrations.anthropic") == ["anthropic"]
+    assert "google.genai" in sdks_loaded_by("canon.integrations.gemini")
+    assert "anthropic" not in sdks_loaded_by("canon.integrations.gemini")
