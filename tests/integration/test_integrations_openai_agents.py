@@ -1,0 +1,366 @@
+"""canon.integrations.openai_agents: a real Runner, a scripted Responses endpoint, real Redis.
+
+The Agents SDK's own ``OpenAIResponsesModel`` talks to the scripted endpoint through an
+``AsyncOpenAI`` client, so the tests check exactly the ``function_call_output`` items the
+SDK sends back to the model after canon ran the calls.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import threading
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, TypeVar
+
+import pytest
+from agents import (
+    Agent,
+    FunctionTool,
+    OpenAIResponsesModel,
+    RunConfig,
+    Runner,
+    UserError,
+    set_tracing_disabled,
+)
+
+from canon.integrations.openai_agents import function_tool
+from eventstore import RunContext, Store, SyncBoundary, SyncStore, ToolBoundary
+from tests.support.calls import RUN, open_run
+from tests.support.openai_scripted import (
+    FINAL_RESPONSE_ID,
+    ScriptedOpenAI,
+    Tools,
+    error_content,
+    response,
+    response_function_call,
+    response_message,
+)
+
+T = TypeVar("T")
+MODEL = "gpt-4.1"
+QUESTION = "Refunds and shipping, please."
+#: No trace leaves the process (the SDK would export to the network by default).
+RUN_CONFIG = RunConfig(tracing_disabled=True)
+SEARCH_SCHEMA = {
+    "type": "object",
+    "properties": {"q": {"type": "string"}},
+    "required": ["q"],
+}
+EMPTY_SCHEMA: dict[str, Any] = {"type": "object", "properties": {}}
+
+#: One turn of six parallel calls: three searches that must run at the same time, a
+#: failing tool, a tool the boundary does not know and one it may not run.
+CALLS = [
+    response_function_call(
+        "fc_67ccd2c3b5c48190a1c6b6e1a7f43c1f0bb6a6b452d3795b",
+        "call_FthC9qRpsL5kBpwwyw6c7j4k",
+        "search_kb",
+        '{"q": "refund"}',
+    ),
+    response_function_call(
+        "fc_67ccd2c3b5d08190b4c1f8b0e5a1c3d20bb6a6b452d3795b",
+        "call_3Rk8ZpL2vWq9Xy7Tn4Bm1Cd6",
+        "search_kb",
+        '{"q": "shipping"}',
+    ),
+    response_function_call(
+        "fc_67ccd2c3b5dc8190a0f2b3c4d5e6f7a80bb6a6b452d3795b",
+        "call_Q7mN2xV8bK4pL9sT1wY6zR3c",
+        "search_kb",
+        '{"q": "returns"}',
+    ),
+    response_function_call(
+        "fc_67ccd2c3b5e88190b1a2c3d4e5f6a7b80bb6a6b452d3795b",
+        "call_Wd6Xe1Rf8Tg3Yh5Uj2Ik9Ol4P",
+        "fail",
+        "{}",
+    ),
+    response_function_call(
+        "fc_67ccd2c3b5f48190a9b8c7d6e5f4a3b20bb6a6b452d3795b",
+        "call_Un1kn0wnT00lCa11Xy7Tn4Bm",
+        "delete_everything",
+        "{}",
+    ),
+    response_function_call(
+        "fc_67ccd2c3b6008190b2c3d4e5f6a7b8c90bb6a6b452d3795b",
+        "call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6",
+        "admin",
+        "{}",
+    ),
+]
+OUTPUTS = [
+    ["refund policy"],
+    ["shipping policy"],
+    ["returns policy"],
+    error_content("EXECUTION_FAILED"),
+    error_content("UNKNOWN_TOOL"),
+    error_content("UNAUTHORIZED"),
+]
+
+
+def expected_outputs(calls: list[dict[str, Any]], outputs: list[Any]) -> list[dict[str, Any]]:
+    """The function_call_output items the next request must carry."""
+    return [
+        {"type": "function_call_output", "call_id": call["call_id"], "output": output}
+        for call, output in zip(calls, outputs, strict=True)
+    ]
+
+
+def sent_outputs(request: dict[str, Any]) -> list[dict[str, Any]]:
+    """The function_call_output items of a request, their JSON output decoded."""
+    return [
+        {**item, "output": json.loads(item["output"])}
+        for item in request["input"]
+        if item.get("type") == "function_call_output"
+    ]
+
+
+def agent_tools(boundary: ToolBoundary | SyncBoundary, **options: Any) -> list[FunctionTool]:
+    """FunctionTools for every name the model may call (one the boundary does not know)."""
+    return [
+        function_tool(
+            boundary,
+            "search_kb",
+            description="Search the knowledge base.",
+            params_json_schema=SEARCH_SCHEMA,
+            **options,
+        ),
+        *(
+            function_tool(
+                boundary, name, description=f"The {name} tool.", params_json_schema=EMPTY_SCHEMA
+            )
+            for name in ("fail", "delete_everything", "admin")
+        ),
+    ]
+
+
+_endpoints: list[ScriptedOpenAI] = []
+
+
+def scripted(calls: list[dict[str, Any]]) -> ScriptedOpenAI:
+    """A model that asks for ``calls``, then answers (its clients closed after the test)."""
+    endpoint = ScriptedOpenAI(
+        response(calls), response([response_message("msg_final", "Done.")], FINAL_RESPONSE_ID)
+    )
+    _endpoints.append(endpoint)
+    return endpoint
+
+
+@pytest.fixture(autouse=True)
+async def close_endpoints() -> Any:
+    yield
+    while _endpoints:
+        await _endpoints.pop().aclose()
+
+
+def agent_on(endpoint: ScriptedOpenAI, tools: list[FunctionTool]) -> Agent[Any]:
+    """An agent whose model is the SDK's Responses model over the scripted endpoint."""
+    model = OpenAIResponsesModel(model=MODEL, openai_client=endpoint.async_client())
+    return Agent(name="support", instructions="Answer from the kb.", model=model, tools=tools)
+
+
+def in_thread(work: Callable[[], T]) -> T:
+    """Run ``work`` in a fresh thread, as a harness's worker runs ``Runner.run_sync``.
+
+    ``run_sync`` drives the thread's default loop and leaves it open; this thread's loop is
+    closed afterwards so nothing outlives the test.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            outcome["value"] = work()
+        except BaseException as error:
+            outcome["error"] = error
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "Runner.run_sync did not finish"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def no_tracing() -> Iterator[None]:
+    set_tracing_disabled(True)
+    yield
+    set_tracing_disabled(False)
+
+
+@pytest.fixture
+def sync_store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
+    with SyncStore.from_url(redis_url, namespace=namespace) as store:
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        yield store
+
+
+async def test_runner_run_parallel_calls(store: Store) -> None:
+    """``await Runner.run`` with a ToolBoundary: six calls of one turn run through canon
+    at once, and the next request answers each call_id with the bounded result or the
+    safe error."""
+    await open_run(store)
+    tools = Tools(together=3)
+    endpoint = scripted(CALLS)
+    agent = agent_on(endpoint, agent_tools(ToolBoundary(store, tools.specs())))
+    result = await Runner.run(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    assert result.final_output == "Done."
+    assert sent_outputs(endpoint.requests[1]) == expected_outputs(CALLS, OUTPUTS)
+    assert "raw only" not in json.dumps(endpoint.requests[1])
+    assert "hunter2" not in json.dumps(endpoint.requests[1])
+    assert tools.runs == {"search_kb": 3, "fail": 1}
+    record = await store.get(RUN, "call_FthC9qRpsL5kBpwwyw6c7j4k")
+    assert record is not None and record.state.tool_call_id == "call_FthC9qRpsL5kBpwwyw6c7j4k"
+
+
+def test_runner_run_sync_parallel_calls(sync_store: SyncStore) -> None:
+    """``Runner.run_sync`` (its own event loop) with a SyncBoundary: the same turn works."""
+    tools = Tools(together=3)
+    endpoint = scripted(CALLS)
+    agent = agent_on(endpoint, agent_tools(SyncBoundary(sync_store, tools.specs())))
+    result = in_thread(
+        lambda: Runner.run_sync(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    )
+    assert result.final_output == "Done."
+    assert sent_outputs(endpoint.requests[1]) == expected_outputs(CALLS, OUTPUTS)
+    assert tools.runs == {"search_kb": 3, "fail": 1}
+
+
+async def test_sync_boundary_under_runner_run(sync_store: SyncStore) -> None:
+    """A SyncBoundary serves ``await Runner.run`` too, from the caller's loop."""
+    tools = Tools()
+    endpoint = scripted(CALLS[:1])
+    agent = agent_on(endpoint, agent_tools(SyncBoundary(sync_store, tools.specs())))
+    await Runner.run(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    assert sent_outputs(endpoint.requests[1]) == expected_outputs(CALLS[:1], OUTPUTS[:1])
+
+
+async def test_run_sync_with_an_async_boundary_is_a_clear_error(store: Store) -> None:
+    """An async store used from Runner.run_sync's own loop ends the run with the SDK's
+    UserError that says what to use, not with a STORE_UNAVAILABLE told to the model."""
+    await open_run(store)
+    tools = Tools()
+    endpoint = scripted(CALLS[:1])
+    agent = agent_on(endpoint, agent_tools(ToolBoundary(store, tools.specs())))
+    with pytest.raises(UserError, match="SyncBoundary"):
+        await asyncio.to_thread(
+            in_thread,
+            lambda: Runner.run_sync(
+                agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG
+            ),
+        )
+    assert len(endpoint.requests) == 1 and tools.runs == {}
+
+
+def test_resent_turn_is_replayed(sync_store: SyncStore) -> None:
+    """The same model turn in two runs of one canon run (a harness retry): the SDK sends
+    the same outputs both times and every tool ran once."""
+    tools = Tools(together=3)
+    boundary = SyncBoundary(sync_store, tools.specs(), on_duplicate="replay")
+    sent = []
+    for _ in range(2):
+        endpoint = scripted(CALLS)
+        agent = agent_on(endpoint, agent_tools(boundary))
+        in_thread(
+            lambda agent=agent: Runner.run_sync(
+                agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG
+            )
+        )
+        sent.append(sent_outputs(endpoint.requests[1]))
+    assert sent[0] == sent[1] == expected_outputs(CALLS, OUTPUTS)
+    assert tools.runs == {"search_kb": 3, "fail": 1}
+
+
+@dataclass
+class AppContext:
+    """A harness's own context class that carries the canon run id."""
+
+    user: str
+    run_id: str
+
+
+async def test_run_id_sources(store: Store) -> None:
+    """The run comes from ``run=``, else from the Runner's context (a RunContext or any
+    object with a run_id); without one the run ends with a UserError."""
+    await open_run(store)
+    await open_run(store, "run-b")
+    boundary = ToolBoundary(store, Tools().specs())
+    for context, run, run_id in [
+        (AppContext("ann", "run-b"), None, "run-b"),
+        (None, RunContext(RUN), RUN),
+    ]:
+        endpoint = scripted([{**CALLS[0], "call_id": f"call_{run_id}_src"}])
+        agent = agent_on(endpoint, [agent_tools(boundary, run=run)[0]])
+        await Runner.run(agent, QUESTION, context=context, run_config=RUN_CONFIG)
+        assert await store.get(run_id, f"call_{run_id}_src") is not None
+    agent = agent_on(scripted(CALLS[:1]), agent_tools(boundary)[:1])
+    with pytest.raises(UserError, match="no run id"):
+        await Runner.run(agent, QUESTION, context={"user": "ann"}, run_config=RUN_CONFIG)
+
+
+async def test_strict_schema_as_the_sdk_makes_it(store: Store) -> None:
+    """The model is shown the caller's schema, made strict by the SDK itself; arguments
+    "" (no parameters) reach the tool as {}."""
+    await open_run(store)
+    endpoint = scripted(
+        [response_function_call("fc_p", "call_Hq2Lm8Zx4Nc7Vb1Ks9Pw3Ty5", "ping", "")]
+    )
+    ping = function_tool(
+        ToolBoundary(store, Tools().specs()),
+        "ping",
+        description="Is the service up?",
+        params_json_schema=EMPTY_SCHEMA,
+    )
+    agent = agent_on(endpoint, [ping])
+    await Runner.run(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    [shown] = endpoint.requests[0]["tools"]
+    assert shown["name"] == "ping" and shown["strict"] is True
+    assert shown["parameters"] == {**EMPTY_SCHEMA, "additionalProperties": False, "required": []}
+    assert sent_outputs(endpoint.requests[1])[0]["output"] == {"arguments": {}}
+
+
+async def test_approvals_pass_through(store: Store) -> None:
+    """``needs_approval`` is the SDK's: the run stops before canon sees the call (no
+    record); once approved, the call runs through canon; a rejected one never does."""
+    await open_run(store)
+    tools = Tools()
+    boundary = ToolBoundary(store, tools.specs())
+    calls = [
+        CALLS[0],
+        response_function_call("fc_2", "call_Rej3ctedCa11Xy7Tn4Bm1Cd", "search_kb", '{"q": "x"}'),
+    ]
+    endpoint = scripted(calls)
+    agent = agent_on(endpoint, agent_tools(boundary, needs_approval=True)[:1])
+    first = await Runner.run(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    assert [item.raw_item.call_id for item in first.interruptions] == [
+        "call_FthC9qRpsL5kBpwwyw6c7j4k",
+        "call_Rej3ctedCa11Xy7Tn4Bm1Cd",
+    ]
+    assert await store.get(RUN, "call_FthC9qRpsL5kBpwwyw6c7j4k") is None
+    state = first.to_state()
+    approve, reject = first.interruptions
+    state.approve(approve)
+    state.reject(reject)
+    result = await Runner.run(agent, state, run_config=RUN_CONFIG)
+    assert result.final_output == "Done."
+    approved, rejected = [
+        item for item in endpoint.requests[1]["input"] if item.get("type") == "function_call_output"
+    ]
+    assert {**approved, "output": json.loads(approved["output"])} == expected_outputs(
+        CALLS[:1], OUTPUTS[:1]
+    )[0]
+    # The SDK answers a rejected call itself, with its own message.
+    assert rejected["call_id"] == "call_Rej3ctedCa11Xy7Tn4Bm1Cd"
+    assert rejected["output"] == "Tool execution was not approved."
+    assert tools.runs == {"search_kb": 1}
+    assert await store.get(RUN, "call_Rej3ctedCa11Xy7Tn4Bm1Cd") is None
