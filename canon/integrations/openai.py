@@ -9,8 +9,9 @@ returns the ``function_call_output`` / ``custom_tool_call_output`` input items f
 request, keyed by ``call_id``; reasoning, message and hosted-tool items are skipped.
 
 Every call of one turn runs concurrently through the boundary. Arguments reach it as the
-model sent them, with one normalization: ``""`` or ``null`` (a call of a tool without
-parameters) is ``{}``; truncated or non-object JSON is refused there as INVALID_INPUT. A
+model sent them, with one normalization: empty arguments (``""``, or a dict form's
+``null``: a call of a tool without parameters) are ``{}``; truncated or non-object JSON is
+refused there as INVALID_INPUT. A
 custom (free-form) tool's text input becomes ``{"input": text}``. An error reply becomes
 the tool's output all the same: the safe error JSON (code and fixed message), which the
 model can read. Streaming users pass the assembled message or the final response. The

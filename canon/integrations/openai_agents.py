@@ -20,7 +20,8 @@ ends the run with the SDK's ``UserError``.
 Sync and async: with a :class:`~eventstore.ToolBoundary` (async store), use
 ``await Runner.run`` on the store's event loop. ``Runner.run_sync`` drives a loop of its
 own, so give it a :class:`~eventstore.sync.SyncBoundary`: each call then runs on the
-boundary's loop while the Runner's loop waits in a worker thread. A SyncBoundary works
+boundary's loop while the Runner's loop waits in a worker thread (a call the SDK stops
+waiting for still finishes there, and its record keeps the outcome). A SyncBoundary works
 under ``Runner.run`` too.
 
 Every other option (``needs_approval``, ``is_enabled``, guardrails, ``timeout_seconds``)

@@ -151,13 +151,32 @@ def test_chat_unknown_and_unauthorized_tools(sync_store: SyncStore) -> None:
 
 
 def test_chat_dict_message_and_no_tool_calls(sync_store: SyncStore) -> None:
-    """The dict form of a message is accepted; a message without tool calls gives []."""
+    """The dict form of a message is accepted (arguments null or missing mean {}); a
+    message without tool calls gives []."""
     boundary = SyncBoundary(sync_store, Tools().specs())
     message = {"role": "assistant", "content": None, "tool_calls": [PARALLEL_CALLS[3]]}
     [reply] = tool_messages_sync(boundary, RunContext(RUN), message)
     assert reply["tool_call_id"] == "call_Hq2Lm8Zx4Nc7Vb1Ks9Pw3Ty5"
     assert json.loads(reply["content"]) == {"arguments": {}}
     assert tool_messages_sync(boundary, RunContext(RUN), {"role": "assistant"}) == []
+    no_arguments = {"id": "call_N0Args", "type": "function", "function": {"name": "ping"}}
+    null_arguments = function_call("call_NullArgs", "ping", None)
+    replies = tool_messages_sync(
+        boundary, RunContext(RUN), {"tool_calls": [no_arguments, null_arguments]}
+    )
+    assert [json.loads(reply["content"]) for reply in replies] == [{"arguments": {}}] * 2
+
+
+def test_chat_refused_id_is_still_answered_under_it(sync_store: SyncStore) -> None:
+    """An id the boundary refuses (whitespace) gets INVALID_TOOL_CALL_ID, answered under
+    the id the model sent, so the next request pairs every call with its answer."""
+    call = function_call("call with space", "ping", "{}")
+    tools = Tools()
+    boundary = SyncBoundary(sync_store, tools.specs())
+    [reply] = tool_messages_sync(boundary, RunContext(RUN), {"tool_calls": [call]})
+    assert reply["tool_call_id"] == "call with space"
+    assert json.loads(reply["content"]) == error_content("INVALID_TOOL_CALL_ID")
+    assert tools.runs == {}
 
 
 @pytest.mark.parametrize("arguments", ["null", "[1, 2]", '"text"'])

@@ -9,8 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, TypeVar
@@ -34,6 +33,7 @@ from tests.support.openai_scripted import (
     ScriptedOpenAI,
     Tools,
     error_content,
+    in_thread,
     response,
     response_function_call,
     response_message,
@@ -160,35 +160,6 @@ def agent_on(endpoint: ScriptedOpenAI, tools: list[FunctionTool]) -> Agent[Any]:
     """An agent whose model is the SDK's Responses model over the scripted endpoint."""
     model = OpenAIResponsesModel(model=MODEL, openai_client=endpoint.async_client())
     return Agent(name="support", instructions="Answer from the kb.", model=model, tools=tools)
-
-
-def in_thread(work: Callable[[], T]) -> T:
-    """Run ``work`` in a fresh thread, as a harness's worker runs ``Runner.run_sync``.
-
-    ``run_sync`` drives the thread's default loop and leaves it open; this thread's loop is
-    closed afterwards so nothing outlives the test.
-    """
-    outcome: dict[str, Any] = {}
-
-    def target() -> None:
-        loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(loop)
-        try:
-            outcome["value"] = work()
-        except BaseException as error:
-            outcome["error"] = error
-        finally:
-            loop.run_until_complete(loop.shutdown_default_executor())
-            asyncio.set_event_loop(None)
-            loop.close()
-
-    thread = threading.Thread(target=target)
-    thread.start()
-    thread.join(timeout=60)
-    assert not thread.is_alive(), "Runner.run_sync did not finish"
-    if "error" in outcome:
-        raise outcome["error"]
-    return outcome["value"]
 
 
 @pytest.fixture(autouse=True, scope="module")

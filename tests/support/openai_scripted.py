@@ -7,17 +7,20 @@ the process.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx2
 from openai import AsyncOpenAI, OpenAI
 
 from eventstore import Projection, ToolCall, ToolSpec
 from machine.codes import SAFE_MESSAGES, ErrorCode
+
+T = TypeVar("T")
 
 #: Ids shaped as the APIs emit them.
 CHAT_ID = "chatcmpl-B9MHDbslfkBeAs8l4bebGdFOJ6PeG"
@@ -64,7 +67,7 @@ class ScriptedOpenAI:
             await client.close()
 
 
-def function_call(call_id: str, name: str, arguments: str) -> dict[str, Any]:
+def function_call(call_id: str, name: str, arguments: str | None) -> dict[str, Any]:
     """A Chat Completions function tool call."""
     return {"id": call_id, "type": "function", "function": {"name": name, "arguments": arguments}}
 
@@ -237,3 +240,32 @@ class Tools:
 def error_content(code: str) -> dict[str, Any]:
     """What the model reads for an error: the code and its fixed message."""
     return {"error_code": code, "message": SAFE_MESSAGES[ErrorCode(code)]}
+
+
+def in_thread(work: Callable[[], T]) -> T:
+    """Run ``work`` in a fresh thread, as a harness's worker runs ``Runner.run_sync``.
+
+    ``run_sync`` drives the thread's default loop and leaves it open; this thread's loop is
+    closed afterwards so nothing outlives the test.
+    """
+    outcome: dict[str, Any] = {}
+
+    def target() -> None:
+        loop = asyncio.new_event_loop()
+        asyncio.set_event_loop(loop)
+        try:
+            outcome["value"] = work()
+        except BaseException as error:
+            outcome["error"] = error
+        finally:
+            loop.run_until_complete(loop.shutdown_default_executor())
+            asyncio.set_event_loop(None)
+            loop.close()
+
+    thread = threading.Thread(target=target)
+    thread.start()
+    thread.join(timeout=60)
+    assert not thread.is_alive(), "Runner.run_sync did not finish"
+    if "error" in outcome:
+        raise outcome["error"]
+    return outcome["value"]
