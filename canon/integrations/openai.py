@@ -11,11 +11,11 @@ request, keyed by ``call_id``; reasoning, message and hosted-tool items are skip
 Every call of one turn runs concurrently through the boundary. Arguments reach it as the
 model sent them, with one normalization: empty arguments (``""``, or a dict form's
 ``null``: a call of a tool without parameters) are ``{}``; truncated or non-object JSON is
-refused there as INVALID_INPUT. A
-custom (free-form) tool's text input becomes ``{"input": text}``. An error reply becomes
-the tool's output all the same: the safe error JSON (code and fixed message), which the
-model can read. Streaming users pass the assembled message or the final response. The
-``*_sync`` variants take a :class:`~eventstore.sync.SyncBoundary`, for the sync client.
+refused there as INVALID_INPUT. A custom (free-form) tool's text input becomes
+``{"input": text}``. An error reply becomes the tool's output all the same: the safe error
+JSON (code and fixed message), which the model can read. Streaming users pass the
+assembled message or the final response. The ``*_sync`` variants take a
+:class:`~eventstore.sync.SyncBoundary`, for the sync client.
 """
 
 from __future__ import annotations
@@ -49,6 +49,7 @@ ChatMessage = ChatCompletionMessage | Mapping[str, Any]
 #: A Responses API response, or its output items (SDK models or plain data).
 ResponseOutput = Response | Iterable[Any]
 
+#: The input item type that answers each output item type that calls a tool.
 _CALL_OUTPUT_TYPES = {
     "function_call": "function_call_output",
     "custom_tool_call": "custom_tool_call_output",

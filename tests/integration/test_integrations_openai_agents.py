@@ -18,6 +18,7 @@ import pytest
 from agents import (
     Agent,
     FunctionTool,
+    OpenAIChatCompletionsModel,
     OpenAIResponsesModel,
     RunConfig,
     Runner,
@@ -32,11 +33,15 @@ from tests.support.openai_scripted import (
     FINAL_RESPONSE_ID,
     ScriptedOpenAI,
     Tools,
+    chat_completion,
     error_content,
     in_thread,
     response,
     response_function_call,
     response_message,
+)
+from tests.support.openai_scripted import (
+    function_call as chat_function_call,
 )
 
 T = TypeVar("T")
@@ -335,3 +340,32 @@ async def test_approvals_pass_through(store: Store) -> None:
     assert rejected["output"] == "Tool execution was not approved."
     assert tools.runs == {"search_kb": 1}
     assert await store.get(RUN, "call_Rej3ctedCa11Xy7Tn4Bm1Cd") is None
+
+
+async def test_chat_completions_model(store: Store) -> None:
+    """Under the SDK's Chat Completions model the chat ``tool_call_id``s go to canon and
+    come back as the ``role: "tool"`` messages of the next request."""
+    await open_run(store)
+    tools = Tools(together=2)
+    calls = [
+        chat_function_call("call_FthC9qRpsL5kBpwwyw6c7j4k", "search_kb", '{"q": "refund"}'),
+        chat_function_call("call_3Rk8ZpL2vWq9Xy7Tn4Bm1Cd6", "search_kb", '{"q": "shipping"}'),
+        chat_function_call("call_Wd6Xe1Rf8Tg3Yh5Uj2Ik9Ol4P", "fail", "{}"),
+        chat_function_call("call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6", "admin", ""),
+    ]
+    endpoint = ScriptedOpenAI(chat_completion(calls), chat_completion(None, "Done."))
+    _endpoints.append(endpoint)
+    model = OpenAIChatCompletionsModel(model=MODEL, openai_client=endpoint.async_client())
+    tool_list = agent_tools(ToolBoundary(store, tools.specs()))
+    agent = Agent(name="support", model=model, tools=tool_list)
+    result = await Runner.run(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    assert result.final_output == "Done."
+    assert endpoint.paths == ["/v1/chat/completions"] * 2
+    sent = [m for m in endpoint.requests[1]["messages"] if m["role"] == "tool"]
+    assert [(m["tool_call_id"], json.loads(m["content"])) for m in sent] == [
+        ("call_FthC9qRpsL5kBpwwyw6c7j4k", ["refund policy"]),
+        ("call_3Rk8ZpL2vWq9Xy7Tn4Bm1Cd6", ["shipping policy"]),
+        ("call_Wd6Xe1Rf8Tg3Yh5Uj2Ik9Ol4P", error_content("EXECUTION_FAILED")),
+        ("call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6", error_content("UNAUTHORIZED")),
+    ]
+    assert tools.runs == {"search_kb": 2, "fail": 1}

@@ -7,7 +7,6 @@ endpoint, and the test checks what the SDK sent back to the model.
 
 from __future__ import annotations
 
-import contextlib
 import io
 import json
 import pathlib
@@ -55,10 +54,17 @@ def canon_lines(block: str) -> list[str]:
 
 
 def execute(block: str, **names: Any) -> str:
-    """Run the block with ``names`` defined; return what it printed."""
+    """Run the block with ``names`` defined; return what its own ``print`` calls printed.
+
+    The block's ``print`` is captured rather than the process's stdout, which other
+    tests of the session may have handed to a logging set-up.
+    """
     printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(block, str(DOC), "exec"), dict(names))
+
+    def captured_print(*values: Any) -> None:
+        print(*values, file=printed)
+
+    exec(compile(block, str(DOC), "exec"), {**names, "print": captured_print})
     return printed.getvalue()
 
 
