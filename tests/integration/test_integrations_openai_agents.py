@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
@@ -27,7 +28,17 @@ from agents import (
 )
 
 from canon.integrations.openai_agents import function_tool
-from eventstore import RunContext, Store, SyncBoundary, SyncStore, ToolBoundary
+from eventstore import (
+    Projection,
+    RunContext,
+    Store,
+    SyncBoundary,
+    SyncStore,
+    ToolBoundary,
+    ToolCall,
+    ToolSpec,
+)
+from machine.codes import ErrorCode, Status
 from tests.support.calls import RUN, open_run
 from tests.support.openai_scripted import (
     FINAL_RESPONSE_ID,
@@ -43,6 +54,7 @@ from tests.support.openai_scripted import (
 from tests.support.openai_scripted import (
     function_call as chat_function_call,
 )
+from tests.support.waiting import wait_for
 
 T = TypeVar("T")
 MODEL = "gpt-4.1"
@@ -369,3 +381,74 @@ async def test_chat_completions_model(store: Store) -> None:
         ("call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6", error_content("UNAUTHORIZED")),
     ]
     assert tools.runs == {"search_kb": 2, "fail": 1}
+
+
+def hanging_spec(release: threading.Event) -> dict[str, ToolSpec]:
+    """A search_kb whose (threaded) executor waits for ``release``."""
+
+    def hang(arguments: dict[str, Any], call: ToolCall) -> Any:
+        assert release.wait(timeout=30), "never released"
+        return {"titles": ["late"]}
+
+    def project(raw: Any, call: ToolCall) -> Projection:
+        return Projection(result=raw["titles"], evidence_status="EVIDENCE_FOUND", scope="kb")
+
+    return {"search_kb": ToolSpec(executor=hang, projector=project)}
+
+
+async def test_sdk_timeout_on_a_tool_boundary_closes_the_record(store: Store) -> None:
+    """A call the SDK stops waiting for (timeout_seconds) is cancelled through the
+    ToolBoundary: the model gets the SDK's timeout text, the record CALLER_CANCELLED."""
+    await open_run(store)
+    release = threading.Event()
+    endpoint = scripted(CALLS[:1])
+    tools = agent_tools(ToolBoundary(store, hanging_spec(release)), timeout_seconds=0.2)[:1]
+    try:
+        await Runner.run(
+            agent_on(endpoint, tools), QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG
+        )
+    finally:
+        release.set()
+    [output] = [i for i in endpoint.requests[1]["input"] if i.get("type") == "function_call_output"]
+    assert "timed out" in output["output"]
+    record = await store.get(RUN, CALLS[0]["call_id"])
+    assert record is not None
+    assert (record.state.status, record.state.error_code) == (
+        Status.ERROR,
+        ErrorCode.CALLER_CANCELLED,
+    )
+
+
+async def test_sdk_timeout_on_a_sync_boundary_lets_the_call_finish(
+    sync_store: SyncStore,
+) -> None:
+    """On a SyncBoundary the call the SDK stopped waiting for finishes on the boundary's
+    loop: its record ends READY, and a replayed retry gets that result."""
+    release = threading.Event()
+    boundary = SyncBoundary(sync_store, hanging_spec(release), on_duplicate="replay")
+    endpoint = scripted(CALLS[:1])
+    tools = agent_tools(boundary, timeout_seconds=0.2)[:1]
+    try:
+        await Runner.run(
+            agent_on(endpoint, tools), QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG
+        )
+    finally:
+        release.set()
+    [gave_up] = [
+        i for i in endpoint.requests[1]["input"] if i.get("type") == "function_call_output"
+    ]
+    assert "timed out" in gave_up["output"]
+
+    def finished() -> bool:
+        record = sync_store.get(RUN, CALLS[0]["call_id"])
+        return record is not None and record.state.status is Status.READY
+
+    await wait_for(finished)
+    retry = scripted(CALLS[:1])
+    await Runner.run(
+        agent_on(retry, agent_tools(boundary)[:1]),
+        QUESTION,
+        context=RunContext(RUN),
+        run_config=RUN_CONFIG,
+    )
+    assert sent_outputs(retry.requests[1])[0]["output"] == ["late"]
