@@ -16,53 +16,19 @@ from typing import Any
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
-    ModelMessage,
-    ModelRequest,
-    ModelResponse,
-    TextPart,
-    ToolCallPart,
     ToolReturnPart,
-    UserPromptPart,
 )
-from pydantic_ai.models.function import AgentInfo, FunctionModel
+from pydantic_ai.models.function import FunctionModel
 
 from canon.integrations.pydantic_ai import BoundaryToolset
 from eventstore import SyncBoundary, SyncStore, ToolBoundary, WrongEventLoop
 from machine.codes import SAFE_MESSAGES, ErrorCode, Status
+from tests.support.agent_models import ScriptedModel
 from tests.support.agent_tools import EXECUTED_ONCE, EXPECTED, SCHEMAS, TURN, KnowledgeBase
 
 RUN = "agent-run-1"
 #: Listed to the model, unknown to the boundary: the boundary answers UNKNOWN_TOOL.
 LISTED = {**SCHEMAS, "no_such_tool": {"description": "Gone.", "parameters": {"type": "object"}}}
-
-
-class ScriptedModel:
-    """The model's side: all of TURN in one response, then an answer after the results.
-    It records every request (the messages Pydantic AI sends back)."""
-
-    def __init__(self, calls: list[tuple[str, str, dict[str, Any]]] | None = None) -> None:
-        self.calls = TURN if calls is None else calls
-        self.requests: list[list[ModelMessage]] = []
-        self.tools: list[str] = []
-
-    def __call__(self, messages: list[ModelMessage], info: AgentInfo) -> ModelResponse:
-        self.requests.append(list(messages))
-        self.tools = [tool.name for tool in info.function_tools]
-        last = messages[-1]
-        if isinstance(last, ModelRequest) and isinstance(last.parts[-1], UserPromptPart):
-            return ModelResponse(
-                parts=[
-                    ToolCallPart(tool_name=name, args=json.dumps(args), tool_call_id=call_id)
-                    for call_id, name, args in self.calls
-                ]
-            )
-        return ModelResponse(parts=[TextPart("answered")])
-
-    def returns_seen(self) -> list[ToolReturnPart]:
-        """The tool returns of the model's latest request."""
-        last = self.requests[-1][-1]
-        assert isinstance(last, ModelRequest)
-        return [part for part in last.parts if isinstance(part, ToolReturnPart)]
 
 
 def assert_turn_answered(parts: list[ToolReturnPart]) -> None:
