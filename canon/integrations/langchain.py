@@ -115,7 +115,7 @@ class BoundaryTool(BaseTool):
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
-    boundary: Any
+    boundary: Boundary
     run_id_key: str = THREAD_ID
 
     def _to_args_and_kwargs(

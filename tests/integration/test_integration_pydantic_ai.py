@@ -143,6 +143,21 @@ def test_a_re_sent_turn_replays_the_recorded_results(
         assert codes == ["DUPLICATE_TOOL_CALL"] * 4
 
 
+def test_arguments_that_are_not_an_object_are_refused_by_the_boundary(
+    sync_store: SyncStore,
+) -> None:
+    """The toolset does not validate: a JSON array reaches the boundary, which refuses it
+    (INVALID_INPUT) as a failed return; nothing runs."""
+    kb = KnowledgeBase()
+    script = ScriptedModel([("call_array_args", "search", [1, 2])])  # type: ignore[list-item]
+    toolset = BoundaryToolset(SyncBoundary(sync_store, kb.specs()), SCHEMAS, run_id=RUN)
+    run_sync(Agent(FunctionModel(script), toolsets=[toolset]), "hi")
+    [part] = script.returns_seen()
+    assert part.outcome == "failed"
+    assert json.loads(part.content)["error_code"] == "INVALID_INPUT"  # type: ignore[arg-type]
+    assert not kb.executed
+
+
 def test_a_tool_the_toolset_does_not_list_never_reaches_canon(sync_store: SyncStore) -> None:
     """Pydantic AI answers an unlisted name with its own retry prompt; nothing is stored."""
     kb = KnowledgeBase()
