@@ -1,30 +1,26 @@
-"""docs/integrations.md: the LangGraph and Pydantic AI loops run as written, against a
-scripted model, on a real store."""
+"""docs/integrations.md: the LangGraph and Pydantic AI loops run as written, each as a
+script in a fresh interpreter, against a scripted model, on a real store."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
 import json
+import os
 import pathlib
 import re
+import subprocess
+import sys
 from collections.abc import Iterator
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from typing import Any
 
 import pytest
-from langchain_core.messages import ToolMessage
-from pydantic_ai.models.function import FunctionModel
 
-from eventstore import Projection, SyncStore, ToolCall, ToolSpec
+from eventstore import SyncStore
 from machine.codes import Status
-from tests.support.agent_models import ScriptedModel
-from tests.support.chat_models import ScriptedChatModel
+from tests.support.agent_tools import DOC_CALL
 
-DOC = pathlib.Path(__file__).parents[2] / "docs" / "integrations.md"
-CALL = ("call_Rf3kQ9xZ1mN7pW2s", "search", {"q": "refund"})
+ROOT = pathlib.Path(__file__).parents[2]
+DOC = ROOT / "docs" / "integrations.md"
 
 
 def block(section: str) -> str:
@@ -45,41 +41,39 @@ def canon_lines(code: str) -> list[str]:
     ]
 
 
-class Search:
-    """The search tool's executor, counting its runs."""
-
-    def __init__(self) -> None:
-        self.runs = 0
-
-    def __call__(self, arguments: dict[str, Any], call: ToolCall) -> dict[str, Any]:
-        self.runs += 1
-        return {"hits": [f"{arguments['q']} policy"], "internal": "raw row 42"}
-
-
-def titles(raw: Any, call: ToolCall) -> Projection:
-    """The bounded result."""
-    return Projection(result={"titles": raw["hits"]}, evidence_status="EVIDENCE_FOUND", scope="kb")
+PRELUDE = """\
+import json, os
+from eventstore import SyncStore, ToolSpec
+from tests.support.agent_tools import DOC_CALL, CountingSearch, titles
+store = SyncStore.from_url(os.environ["DOC_REDIS_URL"], namespace=os.environ["DOC_NAMESPACE"])
+search = CountingSearch()
+SEARCH = ToolSpec(executor=search, projector=titles)
+"""
 
 
-def run_block(code: str, names: dict[str, Any]) -> str:
-    """Execute ``code`` in a plain thread (as a script runs it) and return its stdout.
+def run_as_script(code: str, redis_url: str, namespace: str, tmp_path: pathlib.Path) -> Any:
+    """Run the doc's block in a fresh interpreter after a prelude that builds what it takes
+    (``model``, ``store``, ``SEARCH``) and an epilogue that reports what the model saw.
 
-    Pydantic AI's run_sync leaves the loop it made for the thread open: close it there.
+    Returns the script's stdout and the report.
     """
-
-    def run() -> str:
-        out = io.StringIO()
-        try:
-            with contextlib.redirect_stdout(out):
-                exec(compile(code, str(DOC), "exec"), names)
-        finally:
-            with contextlib.suppress(RuntimeError):
-                asyncio.get_event_loop_policy().get_event_loop().close()
-            asyncio.set_event_loop(None)
-        return out.getvalue()
-
-    with ThreadPoolExecutor(1) as thread:
-        return thread.submit(run).result(timeout=60)
+    report = tmp_path / "report.json"
+    result = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=ROOT,
+        env={
+            **os.environ,
+            "DOC_REDIS_URL": redis_url,
+            "DOC_NAMESPACE": namespace,
+            "DOC_REPORT": str(report),
+        },
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return result.stdout, json.loads(report.read_text())
 
 
 @pytest.fixture
@@ -91,33 +85,54 @@ def store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
         yield store
 
 
-def test_the_langgraph_loop_runs_as_written(store: SyncStore) -> None:
-    """The model's tool call goes through canon and the next turn sees its ToolMessage."""
+def test_the_langgraph_loop_runs_as_written(
+    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """As a script: the model's tool call goes through canon, the next turn sees its
+    ToolMessage, and stdout holds the block's own line only."""
     code = block("LangGraph and LangChain")
     assert len(canon_lines(code)) <= 3
-    model, search = ScriptedChatModel(calls=[CALL]), Search()
-    names = {"model": model, "store": store, "SEARCH": ToolSpec(executor=search, projector=titles)}
-    assert run_block(code, names) == "1 tool results\n"
-    [seen] = [m for m in model.requests[-1] if isinstance(m, ToolMessage)]
-    assert (seen.tool_call_id, seen.status) == (CALL[0], "success")
-    assert json.loads(seen.content) == {"titles": ["refund policy"]}  # type: ignore[arg-type]
-    record = store.get("thread-1", CALL[0])
-    assert record is not None and record.state.status is Status.READY and search.runs == 1
+    script = (
+        PRELUDE
+        + "from tests.support.chat_models import ScriptedChatModel\n"
+        + "model = ScriptedChatModel(calls=[DOC_CALL])\n"
+        + code
+        + "seen = [(m.tool_call_id, m.status, m.content) for m in model.tool_results_seen()]\n"
+        + "json.dump({'seen': seen, 'runs': search.runs}, open(os.environ['DOC_REPORT'], 'w'))\n"
+        + "store.close()\n"
+    )
+    stdout, report = run_as_script(script, redis_url, namespace, tmp_path)
+    assert stdout == "1 tool results\n"
+    [(call_id, status, content)] = report["seen"]
+    assert (call_id, status) == (DOC_CALL[0], "success")
+    assert json.loads(content) == {"titles": ["refund policy"]}
+    assert report["runs"] == 1
+    record = store.get("thread-1", DOC_CALL[0])
+    assert record is not None and record.state.status is Status.READY
 
 
-def test_the_pydantic_ai_loop_runs_as_written(store: SyncStore) -> None:
-    """run_sync: the call goes through canon and the model sees the tool return."""
+def test_the_pydantic_ai_loop_runs_as_written(
+    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """As a script, with run_sync: the call goes through canon and the model sees the
+    tool return; stdout holds the block's own line only."""
     code = block("Pydantic AI")
     assert len(canon_lines(code)) <= 3
-    script, search = ScriptedModel([CALL]), Search()
-    names = {
-        "model": FunctionModel(script),
-        "store": store,
-        "SEARCH": ToolSpec(executor=search, projector=titles),
-    }
-    assert run_block(code, names) == "answered\n"
-    [seen] = script.returns_seen()
-    assert (seen.tool_call_id, seen.outcome) == (CALL[0], "success")
-    assert seen.content == {"titles": ["refund policy"]}
-    record = store.get("run-1", CALL[0])
-    assert record is not None and record.state.status is Status.READY and search.runs == 1
+    script = (
+        PRELUDE
+        + "from pydantic_ai.models.function import FunctionModel\n"
+        + "from tests.support.agent_models import ScriptedModel\n"
+        + "scripted = ScriptedModel([DOC_CALL])\n"
+        + "model = FunctionModel(scripted)\n"
+        + code
+        + "seen = [(p.tool_call_id, p.outcome, p.content) for p in scripted.returns_seen()]\n"
+        + "json.dump({'seen': seen, 'runs': search.runs}, open(os.environ['DOC_REPORT'], 'w'))\n"
+        + "store.close()\n"
+    )
+    stdout, report = run_as_script(script, redis_url, namespace, tmp_path)
+    assert stdout == "answered\n"
+    [(call_id, outcome, content)] = report["seen"]
+    assert (call_id, outcome, content) == (DOC_CALL[0], "success", {"titles": ["refund policy"]})
+    assert report["runs"] == 1
+    record = store.get("run-1", DOC_CALL[0])
+    assert record is not None and record.state.status is Status.READY

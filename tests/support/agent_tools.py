@@ -96,3 +96,19 @@ EXPECTED: list[tuple[str, Any]] = [
 
 #: The calls that run a tool (the others are refused before execution).
 EXECUTED_ONCE = {call_id: 1 for call_id, _, _ in TURN[:4]}
+
+
+#: The one call the docs' loops script.
+DOC_CALL = ("call_Rf3kQ9xZ1mN7pW2s", "search", {"q": "refund"})
+
+
+class CountingSearch:
+    """The docs' search tool: raw hits for the query, counting its runs."""
+
+    def __init__(self) -> None:
+        self.runs = 0
+
+    def __call__(self, arguments: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+        """Return the raw hits."""
+        self.runs += 1
+        return {"hits": [f"{arguments['q']} policy"], "internal": "raw row 42"}
