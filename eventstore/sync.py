@@ -15,6 +15,7 @@ is left running. Close once every call has returned.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 from collections.abc import Callable, Coroutine, Mapping, Sequence
 from datetime import datetime, timedelta
@@ -40,6 +41,44 @@ async def _gather(
     boundary: ToolBoundary, ctx: RunContext, envelopes: Sequence[ToolEnvelope]
 ) -> list[AgentReply]:
     return list(await asyncio.gather(*(boundary.invoke(ctx, envelope) for envelope in envelopes)))
+
+
+async def _await_on(
+    loop: asyncio.AbstractEventLoop, start: Callable[[], Coroutine[Any, Any, T]]
+) -> T:
+    """Run ``start()`` as a task of ``loop`` and await it from the running (other) loop.
+
+    The caller's cancellation cancels the task and waits for it to finish, so the call has
+    closed its record when the cancellation reaches the caller.
+    """
+    caller = asyncio.get_running_loop()
+    outcome: asyncio.Future[T] = caller.create_future()
+    tasks: list[asyncio.Task[T]] = []
+
+    def settle(task: asyncio.Task[T]) -> None:
+        if outcome.done():
+            return
+        if task.cancelled():
+            outcome.cancel()
+        elif (error := task.exception()) is not None:
+            outcome.set_exception(error)
+        else:
+            outcome.set_result(task.result())
+
+    def begin() -> None:
+        task = loop.create_task(start())
+        tasks.append(task)
+        task.add_done_callback(lambda done: caller.call_soon_threadsafe(settle, done))
+
+    loop.call_soon_threadsafe(begin)
+    try:
+        return await asyncio.shield(outcome)
+    except asyncio.CancelledError:
+        # FIFO: begin() has run before this, so the task exists.
+        loop.call_soon_threadsafe(lambda: tasks[0].cancel())
+        with contextlib.suppress(BaseException):
+            await outcome
+        raise
 
 
 async def _build(factory: Callable[[], T]) -> T:
@@ -261,6 +300,22 @@ class SyncBoundary:
         if self._closed:
             raise StoreClosed("this SyncBoundary is closed")
         return self._store.call(_gather(self._boundary, ctx, envelopes))
+
+    async def ainvoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
+        """Await one call from any event loop; it runs on the boundary's own loop.
+
+        For frameworks that start a loop of their own (a ``run_sync`` that calls
+        ``asyncio.run``): their loop waits without blocking and no thread is spent. If
+        the awaiting task is cancelled, the call is cancelled and its record closed
+        before the cancellation is re-raised, as for ``ToolBoundary.invoke``.
+
+        Raises:
+            StoreClosed: the boundary or its store was closed.
+
+        """
+        if self._closed or self._store._closed:
+            raise StoreClosed("this SyncBoundary is closed")
+        return await _await_on(self._store._loop, lambda: self._boundary.invoke(ctx, envelope))
 
     def close(self) -> None:
         """Stop this boundary's own tool threads, waiting for tools still running."""

@@ -12,7 +12,7 @@ import asyncio
 import importlib
 from collections.abc import Sequence
 from types import ModuleType
-from typing import Any
+from typing import Any, TypedDict
 
 import msgspec
 
@@ -81,3 +81,46 @@ def reply_payload(reply: AgentReply) -> Any:
 def reply_content(reply: AgentReply) -> str:
     """:func:`reply_payload` as compact JSON text, for stacks whose tool results are text."""
     return _encoder.encode(reply_payload(reply)).decode()
+
+
+class ToolSchema(TypedDict):
+    """How the model is told about one tool: what it does and its arguments' JSON Schema.
+
+    The boundary's :class:`~eventstore.ToolSpec` says how a tool runs; this says how a
+    framework presents it (the OpenAI function shape, which every stack accepts).
+    """
+
+    description: str
+    parameters: dict[str, Any]
+
+
+async def invoke_awaiting(
+    boundary: ToolBoundary | SyncBoundary, ctx: RunContext, envelope: ToolEnvelope
+) -> AgentReply:
+    """Await one call from a running event loop, on either kind of boundary.
+
+    A ``ToolBoundary`` runs it on this loop (its store must belong to this loop); a
+    ``SyncBoundary`` runs it on its own loop, so a framework that starts a fresh loop
+    (``run_sync``) still reaches the store.
+    """
+    if isinstance(boundary, SyncBoundary):
+        return await boundary.ainvoke(ctx, envelope)
+    return await boundary.invoke(ctx, envelope)
+
+
+def invoke_blocking(
+    boundary: ToolBoundary | SyncBoundary, ctx: RunContext, envelope: ToolEnvelope
+) -> AgentReply:
+    """Run one call from a thread without a loop of its own: that needs a ``SyncBoundary``.
+
+    Raises:
+        TypeError: ``boundary`` is an async ``ToolBoundary``, which only the event loop of
+            its store may use.
+
+    """
+    if not isinstance(boundary, SyncBoundary):
+        raise TypeError(
+            "a synchronous run needs a SyncBoundary (eventstore.SyncBoundary): "
+            "an async ToolBoundary belongs to its event loop"
+        )
+    return boundary.invoke(ctx, envelope)
