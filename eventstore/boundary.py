@@ -22,6 +22,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
+from eventstore.call_stops import CallStop, checked_policy, tool_failed
 from eventstore.call_trace import CallTrace
 from eventstore.contracts import (
     AgentReply,
@@ -36,14 +37,15 @@ from eventstore.contracts import (
 from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
 from eventstore.interrupts import Interruptions, caller_cancelled
-from eventstore.registered_tools import RegisteredTool, call_tool_function, valid_time_limit
+from eventstore.registered_tools import RegisteredTool, call_tool_function, check_tools
 from eventstore.replay_duplicates import replay_duplicate
 from eventstore.store import Store
 from eventstore.tool_threads import ToolThreads
 from eventstore.tracing import TRACING, InvocationSpan
 from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.ids import invocation_id, is_run_id, is_tool_name
+from machine.failure_detail import FailureDetailPolicy
+from machine.ids import invocation_id, is_run_id
 from machine.limits import Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 from machine.results import decode_result, encode_raw, encode_result
@@ -56,15 +58,6 @@ _READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatu
 OnDuplicate = Literal["refuse", "replay"]
 #: Default longest wait of a replayed call for a first call still PROJECTING.
 DEFAULT_REPLAY_WAIT_S: Final = 10.0
-
-
-class _Stop(Exception):
-    """Ends a call early with an error code (internal control flow)."""
-
-    def __init__(self, code: ErrorCode, rejected_bytes: int | None = None) -> None:
-        super().__init__(code.value)
-        self.code = code
-        self.rejected_bytes = rejected_bytes
 
 
 class ToolBoundary:
@@ -86,12 +79,16 @@ class ToolBoundary:
         max_tool_threads: how many plain executors and projectors may run at once, in
             this boundary's own threads (see :mod:`eventstore.tool_threads`; default:
             the event loop's default executor).
+        failure_detail: what the record keeps, for the harness only, when an executor
+            or projector raises (:mod:`machine.failure_detail`): ``"full"`` (default:
+            type, message, traceback), ``"type"`` (the type name) or ``"none"``.
 
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
             (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
             positive number of seconds, or ``on_duplicate`` / ``replay_wait_s`` is not
-            one of the accepted values, or ``max_tool_threads`` is below 1; caught here,
+            one of the accepted values, or ``max_tool_threads`` is below 1, or
+            ``failure_detail`` is not a policy; caught here,
             not on its first call.
 
     """
@@ -105,19 +102,14 @@ class ToolBoundary:
         on_duplicate: OnDuplicate = "refuse",
         replay_wait_s: float = DEFAULT_REPLAY_WAIT_S,
         max_tool_threads: int | None = None,
+        failure_detail: FailureDetailPolicy = "full",
     ) -> None:
-        refused = [name for name in tools if not is_tool_name(name)]
-        if refused:
-            shown = ", ".join(repr(name) for name in refused[:5])
-            raise InvalidArgument(f"tool names not allowed (letters, digits, _ . -): {shown}")
-        slow = [name for name, spec in tools.items() if not valid_time_limit(spec.timeout_s)]
-        if slow:
-            shown = ", ".join(repr(name) for name in slow[:5])
-            raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
+        check_tools(tools)
         if on_duplicate not in ("refuse", "replay"):
             raise InvalidArgument('on_duplicate must be "refuse" or "replay"')
         if not (isinstance(replay_wait_s, int | float) and 0 <= replay_wait_s < math.inf):
             raise InvalidArgument("replay_wait_s must be a finite number of seconds, 0 or more")
+        self._failure_detail = checked_policy(failure_detail)
         self._store = store
         self._threads = ToolThreads(max_tool_threads)
         executor_deadlines: dict[float, Deadlines] = {}
@@ -181,9 +173,9 @@ class ToolBoundary:
         """Checks that need no I/O, in the order the specification lists them."""
         # The namespace's key layout decides (the legacy one holds no ':' in a call id).
         if not self._store.keys.accepts_tool_call_id(envelope.tool_call_id):
-            raise _Stop(ErrorCode.INVALID_TOOL_CALL_ID)
+            raise CallStop(ErrorCode.INVALID_TOOL_CALL_ID)
         if not is_run_id(ctx.run_id) or envelope.run_id != ctx.run_id:
-            raise _Stop(ErrorCode.RUN_MISMATCH)
+            raise CallStop(ErrorCode.RUN_MISMATCH)
         limits = self._limits
         try:
             request = canonical_request(
@@ -192,18 +184,18 @@ class ToolBoundary:
                 max_text_bytes=4 * limits.request_bytes,
             )
         except InvalidRequest:
-            raise _Stop(ErrorCode.INVALID_INPUT) from None
+            raise CallStop(ErrorCode.INVALID_INPUT) from None
         except OverflowError:
-            raise _Stop(ErrorCode.REQUEST_TOO_LARGE) from None
+            raise CallStop(ErrorCode.REQUEST_TOO_LARGE) from None
         if len(request) > limits.request_bytes:
-            raise _Stop(ErrorCode.REQUEST_TOO_LARGE)
+            raise CallStop(ErrorCode.REQUEST_TOO_LARGE)
         tool = self._tool_of(envelope)
         if tool is None:
-            raise _Stop(ErrorCode.UNKNOWN_TOOL)
+            raise CallStop(ErrorCode.UNKNOWN_TOOL)
         if not tool.spec.authorized:
-            raise _Stop(ErrorCode.UNAUTHORIZED)
+            raise CallStop(ErrorCode.UNAUTHORIZED)
         if not tool.spec.read_only:
-            raise _Stop(ErrorCode.NOT_READ_ONLY)
+            raise CallStop(ErrorCode.NOT_READ_ONLY)
         return tool, request
 
     async def _commit(
@@ -232,7 +224,7 @@ class ToolBoundary:
     ) -> AgentReply:
         try:
             tool, request = self._preflight(ctx, envelope)
-        except _Stop as stop:
+        except CallStop as stop:
             return trace.refuse(stop.code, "preflight")
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
         # Built before it is sent, so that an interrupted creation can be sent again.
@@ -300,31 +292,32 @@ class ToolBoundary:
         try:
             try:
                 raw_value = await tool.execute(arguments, call, trace.task)
-            except Exception:
-                raise _Stop(ErrorCode.EXECUTION_FAILED) from None
-            except asyncio.CancelledError:
+            except Exception as exc:
+                raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
+            except asyncio.CancelledError as exc:
                 if caller_cancelled(trace.task):
                     raise
                 # The tool's own CancelledError, not its caller's: a tool failure.
-                raise _Stop(ErrorCode.EXECUTION_FAILED) from None
+                raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
             try:
                 raw = encode_raw(raw_value)
             except (TypeError, ValueError, OverflowError):
-                raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
+                raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
             if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
-                raise _Stop(ErrorCode.RESULT_TOO_LARGE, len(raw))
+                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(raw))
             head = await self._commit(
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
 
-            projection = await self._project(tool, raw_value, call, trace.task)
+            stored = len(request) + len(raw)
+            projection = await self._project(tool, raw_value, call, trace.task, stored)
             evidence = EvidenceStatus(projection.evidence_status)
             try:
                 # NaN and Infinity are refused: stored as null, the agent would be shown
                 # a value the record does not hold.
                 result = encode_result(projection.result)
             except (TypeError, ValueError, OverflowError):
-                raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
+                raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
             scope_bytes = utf8_size(projection.scope)
             total = len(request) + len(raw) + len(result) + scope_bytes
             if (
@@ -332,14 +325,14 @@ class ToolBoundary:
                 or scope_bytes > limits.scope_bytes
                 or total > limits.record_bytes
             ):
-                raise _Stop(ErrorCode.RESULT_TOO_LARGE, len(result))
+                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(result))
             await self._commit(
                 trace,
                 "Completed",
                 self._store.writer.complete(head, result, evidence, projection.scope),
             )
-        except _Stop as stop:
-            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes)
+        except CallStop as stop:
+            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes, stop.detail)
             await self._closing_if_cut(
                 trace, head, self._commit(trace, "Failed", failing, stop.code)
             )
@@ -369,30 +362,39 @@ class ToolBoundary:
             await self._interruptions.close(head, None, trace.interrupted)
             raise
 
+    def _failed(self, code: ErrorCode, exc: BaseException, stored_bytes: int) -> CallStop:
+        """The stop of a raising executor or projector, with its failure detail."""
+        return tool_failed(code, exc, self._failure_detail, self._limits, stored_bytes)
+
     async def _project(
-        self, tool: RegisteredTool, raw_value: Any, call: ToolCall, task: asyncio.Task[Any]
+        self,
+        tool: RegisteredTool,
+        raw_value: Any,
+        call: ToolCall,
+        task: asyncio.Task[Any],
+        stored_bytes: int,
     ) -> Projection:
         """Run the projector and check its answer's shape and evidence status."""
         try:
             projection = await call_tool_function(
                 tool.spec.projector, raw_value, call, threads=tool.projector_threads
             )
-        except Exception:
-            raise _Stop(ErrorCode.PROJECTION_FAILED) from None
-        except asyncio.CancelledError:
+        except Exception as exc:
+            raise self._failed(ErrorCode.PROJECTION_FAILED, exc, stored_bytes) from None
+        except asyncio.CancelledError as exc:
             if caller_cancelled(task):
                 raise
-            raise _Stop(ErrorCode.PROJECTION_FAILED) from None
+            raise self._failed(ErrorCode.PROJECTION_FAILED, exc, stored_bytes) from None
         if not isinstance(projection, Projection) or not isinstance(projection.scope, str):
-            raise _Stop(ErrorCode.PROJECTION_FAILED)
+            raise CallStop(ErrorCode.PROJECTION_FAILED)
         try:
             evidence = EvidenceStatus(projection.evidence_status)
         except ValueError:
-            raise _Stop(ErrorCode.INVALID_EVIDENCE_STATUS) from None
+            raise CallStop(ErrorCode.INVALID_EVIDENCE_STATUS) from None
         if evidence not in _READY_EVIDENCE:
-            raise _Stop(ErrorCode.INVALID_EVIDENCE_STATUS)
+            raise CallStop(ErrorCode.INVALID_EVIDENCE_STATUS)
         try:
             projection.scope.encode("utf-8")
         except UnicodeEncodeError:
-            raise _Stop(ErrorCode.SERIALIZATION_FAILED) from None
+            raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
         return projection

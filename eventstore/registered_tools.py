@@ -5,17 +5,37 @@ from __future__ import annotations
 import asyncio
 import inspect
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventstore.contracts import ToolCall, ToolSpec
 from eventstore.deadlines import Deadlines
+from eventstore.errors import InvalidArgument
 from eventstore.tool_threads import ToolThreads
+from machine.ids import is_tool_name
 
 
 def valid_time_limit(seconds: float | None) -> bool:
     """Tell whether ``seconds`` is an acceptable tool time limit (None: no limit)."""
     return seconds is None or (isinstance(seconds, int | float) and 0 < seconds < math.inf)
+
+
+def check_tools(tools: Mapping[str, ToolSpec]) -> None:
+    """Check the tools a boundary is given, before any call.
+
+    Raises:
+        InvalidArgument: a name the store refuses (:func:`machine.ids.is_tool_name`), or a
+            time limit that is not a positive number of seconds.
+
+    """
+    refused = [name for name in tools if not is_tool_name(name)]
+    if refused:
+        shown = ", ".join(repr(name) for name in refused[:5])
+        raise InvalidArgument(f"tool names not allowed (letters, digits, _ . -): {shown}")
+    slow = [name for name, spec in tools.items() if not valid_time_limit(spec.timeout_s)]
+    if slow:
+        shown = ", ".join(repr(name) for name in slow[:5])
+        raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
 
 
 async def call_tool_function(

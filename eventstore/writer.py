@@ -12,6 +12,7 @@ import os
 import time
 from dataclasses import dataclass
 
+from msgspec import UNSET
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument
@@ -237,9 +238,18 @@ class Writer:
         return await self.append(event, result, run_id=head.run_id, tool_call_id=head.tool_call_id)
 
     async def fail(
-        self, head: Head, error_code: ErrorCode, rejected_bytes: int | None = None
+        self,
+        head: Head,
+        error_code: ErrorCode,
+        rejected_bytes: int | None = None,
+        failure_detail: bytes | None = None,
     ) -> Head:
-        """Make the record ERROR with a stable code (Failed)."""
+        """Make the record ERROR with a stable code (Failed).
+
+        ``failure_detail`` (:mod:`machine.failure_detail`), when given, is stored in the
+        record's ``failure_detail`` field in the same script call, its digest and size in
+        the event.
+        """
         event = Failed(
             event_id=new_event_id(),
             version=head.version + 1,
@@ -247,5 +257,11 @@ class Writer:
             prev_hash=head.last_hash,
             error_code=error_code,
             rejected_bytes=rejected_bytes,
+            failure_detail_sha256=UNSET
+            if failure_detail is None
+            else payload_digest(failure_detail),
+            failure_detail_bytes=UNSET if failure_detail is None else len(failure_detail),
         )
-        return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
+        return await self.append(
+            event, failure_detail, run_id=head.run_id, tool_call_id=head.tool_call_id
+        )

@@ -9,7 +9,10 @@ genesis ``prev_hash`` is empty bytes; any other value is itself. The fields are 
 schema 1, which stored JSON objects; only the spelling is shorter (about 110 bytes an
 event instead of about 400), which lets an invocation's three events share one small
 stream node (see docs/performance.md). New fields go last, with a default, so the
-shorter array of an older event still decodes.
+shorter array of an older event still decodes. A field added after its event type's
+first compact shape is declared ``T | UnsetType`` with the default ``UNSET`` (an
+*appended* field): an event that does not set it is stored without it, byte for byte as
+before the field existed, and reads back with it ``UNSET``.
 
 This module derives the arrays from the event declaration (:class:`CompactCodec`); it
 imports nothing of :mod:`machine.events`, which hands its Structs in.
@@ -23,6 +26,7 @@ from collections.abc import Callable, Sequence
 from typing import Annotated, Any, Final
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from machine.codes import EvidenceStatus, Status
 from machine.upcasting import JSONObject, UpcastError
@@ -56,6 +60,8 @@ class Spelling(enum.IntEnum):
 Hex = Annotated[str, Spelling.HEX]
 #: The previous event's chain hash: hex bytes, the genesis hash as empty bytes.
 ChainHash = Annotated[str, Spelling.PREV_HASH]
+#: An appended hex field: the bytes it spells, left out of the array while ``UNSET``.
+OptionalHex = Annotated[str | UnsetType, Spelling.HEX]
 
 _TYPE_OF_CODE: Final = {code: kind for kind, code in TYPE_CODES.items()}
 # First bytes of a MessagePack array (fixarray, array 16, array 32); JSON starts otherwise.
@@ -82,17 +88,34 @@ def is_compact(data: bytes | str) -> bool:
     return isinstance(data, bytes) and bool(data) and data[0] in _ARRAY_MARKERS
 
 
+def _appended(hint: Any) -> Any:
+    """The type an appended field (``T | UnsetType``) holds when set, else None."""
+    if typing.get_origin(hint) is Annotated:
+        hint = typing.get_args(hint)[0]
+    members = typing.get_args(hint)
+    if UnsetType not in members:
+        return None
+    rest = tuple(member for member in members if member is not UnsetType)
+    return rest[0] if len(rest) == 1 else typing.Union[rest]  # noqa: UP007
+
+
 def _spelling_and_type(hint: Any) -> tuple[Spelling, Any]:
-    """The spelling a declared field type asks for, and the type its array item has."""
+    """The spelling a declared field type asks for, and the type its array item has.
+
+    An appended field's item may also be nil (``UNSET`` before a later appended field).
+    """
+    appended = _appended(hint)
     if typing.get_origin(hint) is Annotated:
         base, *marks = typing.get_args(hint)
         for mark in marks:
             if mark in (Spelling.HEX, Spelling.PREV_HASH):
-                return Spelling(mark), bytes
-        hint = base
+                return Spelling(mark), (bytes if appended is None else bytes | None)
+        hint = base if appended is None else appended
+    elif appended is not None:
+        hint = appended
     if hint is EvidenceStatus:
         return Spelling.EVIDENCE, int
-    return Spelling.AS_IS, hint
+    return Spelling.AS_IS, (hint if appended is None else hint | None)
 
 
 # The converters are generated from the declaration and spell every field out per type:
@@ -108,6 +131,15 @@ def from_compact(wire):
 _ENCODE_TEMPLATE: Final = """
 def to_compact(event):
     return WIRE({arguments})
+"""
+# A type with appended fields is encoded as a list, so that the appended fields still at
+# UNSET at its end can be left out: the array is then the one stored before they existed.
+_ENCODE_APPENDED_TEMPLATE: Final = """
+def to_compact(event):
+    items = [CODE, {arguments}]
+    while len(items) > KEPT and items[-1] is None:
+        items.pop()
+    return items
 """
 
 
@@ -137,7 +169,9 @@ class CompactCodec:
         self._schema = schema
         self.layout: dict[str, tuple[str, ...]] = {}
         self.spellings: dict[str, tuple[tuple[str, Spelling], ...]] = {}
-        self._to_compact: dict[type[Any], Callable[[Any], msgspec.Struct]] = {}
+        self._to_compact: dict[type[Any], Callable[[Any], Any]] = {}
+        # Per event type, how many array items are always stored (appended ones may not be).
+        self._kept: dict[str, int] = {}
         self.from_compact: dict[type[Any], Callable[[Any], Any]] = {}
         wires = [self._derive(event) for event in events]
         self.decoder = msgspec.msgpack.Decoder(typing.Union[tuple(wires)])  # noqa: UP007
@@ -153,6 +187,8 @@ class CompactCodec:
         own = tuple(name for name in event.__struct_fields__ if name not in common)
         names = ("schema", *(name for name in common if name != "schema"), *own)
         spelled = {name: _spelling_and_type(hints[name]) for name in names}
+        appended = [name for name in names if _appended(hints[name]) is not None]
+        self._kept[kind] = 1 + names.index(appended[0]) if appended else len(names) + 1
         self.layout[kind] = names[1:]
         self.spellings[kind] = tuple((name, spelled[name][0]) for name in names[1:])
         wire = msgspec.defstruct(
@@ -160,7 +196,7 @@ class CompactCodec:
             [
                 (name, spelled[name][1])
                 if defaults[name] is msgspec.NODEFAULT or name == "schema"
-                else (name, spelled[name][1], defaults[name])
+                else (name, spelled[name][1], None if name in appended else defaults[name])
                 for name in names
             ],
             tag=TYPE_CODES[kind],
@@ -176,11 +212,21 @@ class CompactCodec:
             "EVIDENCE_CODES": EVIDENCE_CODES,
             "hex_bytes": hex_bytes,
             "prev_bytes": self._prev_bytes,
+            "UNSET": UNSET,
+            "CODE": TYPE_CODES[kind],
+            "KEPT": self._kept[kind],
         }
         checks, decoded, encoded = "", [], []
         for name in names:
             spelling = spelled[name][0]
-            if spelling is Spelling.HEX:
+            if name in appended:
+                # Only hex and as-is fields are appended so far; nil stands for UNSET.
+                assert spelling in (Spelling.HEX, Spelling.AS_IS), name
+                spell = "hex_bytes(event.{0})" if spelling is Spelling.HEX else "event.{0}"
+                unspell = "wire.{0}.hex()" if spelling is Spelling.HEX else "wire.{0}"
+                decoded.append(f"{name}=UNSET if wire.{name} is None else {unspell.format(name)}")
+                encoded.append(f"None if event.{name} is UNSET else {spell.format(name)}")
+            elif spelling is Spelling.HEX:
                 decoded.append(f"{name}=wire.{name}.hex()")
                 encoded.append(f"hex_bytes(event.{name})")
             elif spelling is Spelling.PREV_HASH:
@@ -195,7 +241,8 @@ class CompactCodec:
                 decoded.append(f"{name}=wire.{name}")
                 encoded.append(f"event.{name}")
         exec(_DECODE_TEMPLATE.format(checks=checks, arguments=", ".join(decoded)), scope)  # noqa: S102 - our own template
-        exec(_ENCODE_TEMPLATE.format(arguments=", ".join(encoded)), scope)  # noqa: S102
+        template = _ENCODE_APPENDED_TEMPLATE if appended else _ENCODE_TEMPLATE
+        exec(template.format(arguments=", ".join(encoded)), scope)  # noqa: S102
         self.from_compact[wire] = scope["from_compact"]
         self._to_compact[event] = scope["to_compact"]
         return wire
@@ -216,13 +263,17 @@ class CompactCodec:
         items: list[Any] = [TYPE_CODES[kind], getattr(event, "schema")]  # noqa: B009
         for name, spelling in self.spellings[kind]:
             value = getattr(event, name)
-            if spelling is Spelling.EVIDENCE:
+            if value is UNSET:
+                pass
+            elif spelling is Spelling.EVIDENCE:
                 value = EVIDENCE_CODES[value]
             elif spelling is Spelling.HEX:
                 value = _hex_or_text(value)
             elif spelling is Spelling.PREV_HASH:
                 value = b"" if value == self._genesis_hash else _hex_or_text(value)
-            items.append(value)
+            items.append(None if value is UNSET else value)
+        while len(items) > self._kept[kind] and items[-1] is None:
+            items.pop()
         return items
 
     def decode(self, data: bytes) -> Any:
@@ -261,8 +312,12 @@ class CompactCodec:
         if len(values) > len(spellings):
             raise msgspec.ValidationError(f"{kind} has more fields than schema {schema} knows")
         document: JSONObject = {"type": kind}
-        for (name, spelling), value in zip(spellings, values, strict=False):
-            document[name] = _unspelled(spelling, value, self._genesis_hash)
+        for position, ((name, spelling), value) in enumerate(
+            zip(spellings, values, strict=False), start=2
+        ):
+            # A nil appended field was UNSET: the document leaves it out, as JSON did.
+            if value is not None or position < self._kept[kind]:
+                document[name] = _unspelled(spelling, value, self._genesis_hash)
         document["schema"] = schema
         return document
 

@@ -21,12 +21,13 @@ from __future__ import annotations
 
 import hashlib
 import typing
-from typing import Annotated, Any, Final, NamedTuple
+from typing import Annotated, Final, NamedTuple
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from machine.codes import ErrorCode, EvidenceStatus
-from machine.compact import ChainHash, CompactCodec, Hex, is_compact
+from machine.compact import ChainHash, CompactCodec, Hex, OptionalHex, is_compact
 from machine.upcasting import JSONObject, upcast
 
 #: ``prev_hash`` of the first event of every invocation.
@@ -60,9 +61,9 @@ class _Event(msgspec.Struct, frozen=True, kw_only=True, tag_field="type"):
 
 # The Structs below are the one declaration of every event's fields: their names and types,
 # which are payload digests and sizes (Digest, Size), which are hex (Hex; digests are),
-# and, in this order, their compact order (machine.compact). New fields go last, with a
-# default. The codec, the fold's record fields, the payload maps and the audit derive
-# from it.
+# and, in this order, their compact order (machine.compact). New fields go last, declared
+# ``T | UnsetType = UNSET`` (appended: events without them keep their bytes). The codec,
+# the fold's record fields, the payload maps and the audit derive from it.
 
 
 class Preflighted(_Event, frozen=True, tag="Preflighted"):
@@ -95,11 +96,15 @@ class Failed(_Event, frozen=True, tag="Failed"):
     """The invocation ended in ERROR with a stable code.
 
     ``rejected_bytes`` records the size of a payload refused for its size, for audit;
-    the payload itself is never stored.
+    the payload itself is never stored. ``failure_detail_sha256`` and
+    ``failure_detail_bytes`` are the digest and size of the harness-only failure detail
+    stored with the event (:mod:`machine.failure_detail`); ``UNSET`` when none was kept.
     """
 
     error_code: ErrorCode
     rejected_bytes: Annotated[int | None, Size(None)] = None
+    failure_detail_sha256: Annotated[OptionalHex, Digest("failure_detail")] = UNSET
+    failure_detail_bytes: Annotated[int | UnsetType, Size("failure_detail")] = UNSET
 
 
 Event = Preflighted | ProjectingStarted | Completed | Failed
@@ -115,24 +120,34 @@ EVENT_TYPES: Final = tuple(str(event.__struct_config__.tag) for event in EVENT_C
 class PayloadFields(NamedTuple):
     """Where one event type's payload lives: its record field, digest field and size field.
 
-    ``payload`` and ``digest`` are None for a type whose payload is never stored (a
-    ``Failed`` event only records the size of what it refused).
+    ``rejected`` names the field holding the size of a payload refused for its size,
+    never stored (``Failed`` only). A ``Failed`` event's own payload, the failure detail,
+    is optional: its digest and size fields are ``UNSET`` when none was kept.
     """
 
     payload: str | None
     digest: str | None
     size: str | None
+    rejected: str | None = None
 
 
 def _payload_fields(event: type[msgspec.Struct]) -> PayloadFields:
-    found: dict[type[Any], tuple[str, str | None]] = {}
+    digests: dict[str, str] = {}
+    sizes: dict[str | None, str] = {}
     for name, hint in typing.get_type_hints(event, include_extras=True).items():
         for mark in getattr(hint, "__metadata__", ()):
-            if isinstance(mark, Digest | Size):
-                found[type(mark)] = (name, mark.payload)
-    digest, size = found.get(Digest), found.get(Size)
-    payload = digest[1] if digest else None
-    return PayloadFields(payload, digest[0] if digest else None, size[0] if size else None)
+            if isinstance(mark, Digest):
+                digests[mark.payload] = name
+            elif isinstance(mark, Size):
+                sizes[mark.payload] = name
+    assert len(digests) <= 1, "one stored payload per event type"
+    payload = next(iter(digests), None)
+    return PayloadFields(
+        payload,
+        digests.get(payload) if payload else None,
+        sizes.get(payload) if payload else None,
+        sizes.get(None),
+    )
 
 
 #: Per event type, its payload's record field, digest field and size field.

@@ -10,6 +10,7 @@ from collections.abc import Iterable, Mapping
 from typing import Final
 
 import msgspec
+from msgspec import UNSET
 
 from machine.codes import ErrorCode, EvidenceStatus, Stage, Status
 from machine.errors import CanonError
@@ -82,6 +83,8 @@ class InvocationState(msgspec.Struct, kw_only=True):
     scope: str | None = None
     error_code: ErrorCode | None = None
     rejected_bytes: int | None = None
+    failure_detail_sha256: str | None = None
+    failure_detail_bytes: int | None = None
 
 
 #: Record fields owned by the lifecycle; an event's own fields may never overwrite them.
@@ -100,13 +103,13 @@ _RECORD_FIELDS: Final = {
 def event_fields(event: Event) -> dict[str, str]:
     """Return the record fields an event sets besides the lifecycle fields, as strings.
 
-    Those are the fields its type declares (a None is left out), and for the creating
-    event also ``created_at_ms``, its time.
+    Those are the fields its type declares (a None or ``UNSET`` is left out), and for the
+    creating event also ``created_at_ms``, its time.
     """
     fields = {"created_at_ms": str(event.at_ms)} if type(event) is Preflighted else {}
     for name in _RECORD_FIELDS[type(event)]:
         value = getattr(event, name)
-        if value is not None:
+        if value is not None and value is not UNSET:
             # str() of an int, and of a StrEnum its value: the record's spelling.
             fields[name] = str(value)
     return fields

@@ -14,12 +14,15 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
         request_bytes: the complete request JSON (tool input).
         raw_bytes: the raw tool response as stored.
         result_bytes: the bounded agent result.
-        record_bytes: request + raw + result + scope of one record together.
+        record_bytes: request + raw + result + scope of one record together (for a
+            failed call: request + raw + failure detail).
         scope_bytes: the projection's scope description.
         json_depth: deepest nesting of arrays and objects accepted in a request (the
             request object itself is level 1; scalars add no level).
         fact_count: most facts returned by one run-progress read.
         facts_bytes: most bytes of fact text returned by one run-progress read.
+        failure_detail_bytes: the harness-only failure detail kept when a tool or
+            projector raises (its compact JSON; cut to fit, saying how much was cut).
 
     """
 
@@ -31,6 +34,7 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
     json_depth: int = 32
     fact_count: int = 100
     facts_bytes: int = 64 * 1024
+    failure_detail_bytes: int = 8 * 1024
 
     def __post_init__(self) -> None:
         for name in self.__struct_fields__:

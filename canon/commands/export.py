@@ -1,6 +1,7 @@
 """``canon export RUN_ID``: JSON Lines of a run's records and events, for an auditor.
 
-Payload bytes only with ``--with-payloads``. Written to standard output or ``--output``.
+Payload bytes (the failure detail too) only with ``--with-payloads``. Written to standard
+output or ``--output``.
 Exit 0 when the run or any of its invocations was found, 1 when nothing was, 2 on usage
 errors, 3 when Redis is unavailable. Read-only: never writes to Redis, never touches a TTL.
 """
@@ -63,14 +64,16 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Write JSON Lines: an export header, the run's registry entry, then for each "
             "invocation its record metadata (with any integrity problems) followed by its "
             "stored events, and an end line with counts. Payloads (request, raw response, "
-            "agent result) only with --with-payloads, as UTF-8 text or base64. Read-only."
+            "agent result, and a failed call's harness-only failure detail) only with "
+            "--with-payloads, as UTF-8 text or base64; without it, stored_payload_bytes "
+            "gives their sizes. Read-only."
         ),
     )
     parser.add_argument("run_id", metavar="RUN_ID", help="the run to export")
     parser.add_argument(
         "--with-payloads",
         action="store_true",
-        help="include request, raw response and agent result bytes",
+        help="include request, raw response, agent result and failure detail bytes",
     )
     parser.add_argument(
         "--output",

@@ -4,6 +4,8 @@ The invocation is looked up through its run, named by the run's access token
 (``--run-token``, or ``CANON_RUN_TOKEN``) as the HTTP API does, or by ``--run-id`` for an
 operator. Nothing is written: the store is opened read-only and the receipt is the
 materialized one when it is current, else built from the record and its journal.
+With ``--with-failure-detail`` (operators, with ``--run-id`` only), the output is one
+document holding the receipt and, labelled harness-only, the record's failure detail.
 Exit 0 with the receipt, 1 when it cannot be shown, 2 on usage errors, 3 when Redis is unavailable.
 """
 
@@ -20,6 +22,7 @@ from canon.commands.readonly import fail, run_read_only
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.store import Store
+from machine.failure_detail import decode_failure_detail
 from machine.ids import is_invocation_id
 from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
 from projections.receipts import encode_receipt
@@ -37,12 +40,32 @@ async def _run_id(store: Store, args: argparse.Namespace) -> str | None:
     return run_id if run is not None and run.active else None
 
 
+async def _with_failure_detail(
+    store: Store, run_id: str, tool_call_id: str, receipt: bytes
+) -> bytes:
+    """The receipt and, apart from it and labelled harness-only, the failure detail."""
+    stored = await store.reader.select(run_id, tool_call_id, ("failure_detail",))
+    data = stored.get("failure_detail")
+    detail = decode_failure_detail(data) if data is not None else None
+    document = {
+        "receipt": msgspec.Raw(receipt),
+        "harness_only": {
+            "failure_detail": detail,
+            "failure_detail_bytes": len(data) if data is not None else None,
+        },
+    }
+    return msgspec.json.encode(document)
+
+
 def _handle(args: argparse.Namespace) -> int:
     if not is_invocation_id(args.invocation_id):
         fail("INVOCATION_ID must be 64 lowercase hex digits")
         return RET_USAGE
     if args.run_id is None and not (args.run_token or os.environ.get(TOKEN_ENV)):
         fail(f"name the run with --run-token (or {TOKEN_ENV}) or --run-id")
+        return RET_USAGE
+    if args.with_failure_detail and args.run_id is None:
+        fail("--with-failure-detail is for operators: name the run with --run-id")
         return RET_USAGE
 
     async def work(store: Store) -> int:
@@ -58,7 +81,10 @@ def _handle(args: argparse.Namespace) -> int:
         except CapabilityChanged:
             fail("capability_changed: the invocation's tool is no longer authorized")
             return RET_PROBLEM
-        sys.stdout.write(msgspec.json.format(encode_receipt(receipt), indent=2).decode() + "\n")
+        document = encode_receipt(receipt)
+        if args.with_failure_detail:
+            document = await _with_failure_detail(store, run_id, receipt.tool_call_id, document)
+        sys.stdout.write(msgspec.json.format(document, indent=2).decode() + "\n")
         return RET_OK
 
     return run_read_only(args, work)
@@ -75,5 +101,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     who = parser.add_mutually_exclusive_group()
     who.add_argument("--run-token", default=None, help=f"the run's access token (${TOKEN_ENV})")
     who.add_argument("--run-id", default=None, help="the run, for an operator")
+    parser.add_argument(
+        "--with-failure-detail",
+        action="store_true",
+        help="with --run-id: also print the failed call's harness-only failure detail",
+    )
     add_connection_args(parser, writes=False)
     parser.set_defaults(handler=_handle)

@@ -150,6 +150,27 @@ def _differences(replay: InvocationReplay) -> list[tuple[str, Any, Any]]:
     ]
 
 
+def print_failure_detail(console: Console, replay: InvocationReplay) -> None:
+    """Print the record's harness-only failure detail, if it holds one."""
+    if replay.failure_detail_bytes is None:
+        return
+    console.rule("failure detail (harness-only: never shown to the agent)", style="yellow")
+    detail = replay.failure_detail
+    if detail is None:
+        console.print(f"{replay.failure_detail_bytes} B stored, not a failure detail")
+        return
+    cut = f", {detail.cut_bytes} B cut to fit its limit" if detail.cut_bytes else ""
+    console.print(f"{replay.failure_detail_bytes} B stored{cut}", highlight=False)
+    # Exception text is the tool's: printed as is, never read as rich markup.
+    console.print(f"type     {detail.type}", markup=False, highlight=False)
+    if detail.message:
+        console.print(f"message  {detail.message}", markup=False, highlight=False)
+    if detail.traceback:
+        console.print(detail.traceback.rstrip("\n"), markup=False, highlight=False)
+    if not (detail.message or detail.traceback):
+        console.print("(type only: the boundary keeps no message or traceback)")
+
+
 def print_replay(console: Console, replay: InvocationReplay) -> None:
     """Print one invocation's replay for a human."""
     state = replay.record or replay.folded
@@ -170,6 +191,7 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
     )
     wide = console.width >= WIDE_TIMELINE
     console.print(_timeline(replay) if wide else _narrow_timeline(replay))
+    print_failure_detail(console, replay)
     differences = _differences(replay) if replay.verdict.record_matches_fold is False else []
     if differences:
         table = Table(title="record vs re-folded journal", title_justify="left")
@@ -241,7 +263,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Show each invocation's timeline (version, event, time, sizes, digests, state "
             "after each event), the state re-folded through the machine, and a verdict: "
             "chain intact, every transition legal, record equal to its fold, every payload "
-            "digest matching, expiry set. Read-only: never writes, never touches a TTL. "
+            "digest matching, expiry set. A failed call's harness-only failure detail "
+            "(exception type, message, traceback) is shown under its timeline. "
+            "Read-only: never writes, never touches a TTL. "
             "Exit 0 when intact, 1 when not (or nothing found), 2 on usage errors, 3 when "
             "Redis is unavailable."
         ),

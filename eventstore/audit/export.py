@@ -3,8 +3,9 @@
 Lines, in order: one ``export`` header, one ``run`` line (the registry entry; never the
 token hash), then per invocation one ``record`` line followed by its ``event`` lines,
 and one closing ``end`` line with the counts. Payload bytes (request, raw response,
-agent result) are included only when asked for, as UTF-8 text or, for bytes that are
-not UTF-8, base64. Everything is read, nothing written.
+agent result, and the harness-only failure detail of a failed call) are included only
+when asked for, as UTF-8 text or, for bytes that are not UTF-8, base64; otherwise
+``stored_payload_bytes`` gives their sizes. Everything is read, nothing written.
 """
 
 from __future__ import annotations

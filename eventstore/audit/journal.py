@@ -18,8 +18,8 @@ reason                           meaning
                                  the event before it (genesis for the first)
 ``illegal_transition:<v>``       the lifecycle does not allow event ``v`` where it stands
 ``tampered_field:<name>``        the record's field differs from what the events say
-``payload_digest_mismatch:<f>``  payload ``f`` (request, raw, result) does not have the
-                                 SHA-256 and size its event recorded
+``payload_digest_mismatch:<f>``  payload ``f`` (request, raw, result, failure_detail)
+                                 does not have the SHA-256 and size its event recorded
 ================================ =========================================================
 
 ``<v>`` is the 1-based position of the event in its stream: the version it must carry.

@@ -27,6 +27,7 @@ from eventstore.audit.timeline import TimelineStep, replay_timeline
 from eventstore.errors import redis_errors
 from eventstore.keys import split_identity
 from eventstore.store import Store
+from machine.failure_detail import FailureDetail, decode_failure_detail
 from machine.fold import InvocationState, state_from_record
 from machine.ids import invocation_id, is_run_id, is_tool_call_id
 
@@ -47,7 +48,12 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class InvocationReplay(msgspec.Struct, frozen=True, kw_only=True):
-    """Everything replay learned about one invocation."""
+    """Everything replay learned about one invocation.
+
+    ``failure_detail`` is the record's harness-only failure detail, decoded (None when
+    the record holds none, or holds bytes that are not one: ``failure_detail_bytes``
+    then still gives their size). For operators only: never pass it to an agent.
+    """
 
     invocation_id: str
     run_id: str
@@ -62,6 +68,8 @@ class InvocationReplay(msgspec.Struct, frozen=True, kw_only=True):
     timeline: list[TimelineStep]
     problems: list[str]
     verdict: Verdict
+    failure_detail: FailureDetail | None = None
+    failure_detail_bytes: int | None = None
 
 
 def _record_state(fields: dict[bytes, bytes]) -> InvocationState | None:
@@ -87,6 +95,7 @@ def judge(snapshot: Snapshot) -> InvocationReplay:
         and not has_reason(problems, UNFOLDABLE_REASONS)
     )
     expires = snapshot.fields.get(b"expires_at_ms")
+    detail = snapshot.fields.get(b"failure_detail")
     return InvocationReplay(
         invocation_id=invocation_id(snapshot.run_id, snapshot.tool_call_id),
         run_id=snapshot.run_id,
@@ -108,6 +117,8 @@ def judge(snapshot: Snapshot) -> InvocationReplay:
             expiry_set=not has_reason(problems, TTL_REASONS),
             intact=not problems,
         ),
+        failure_detail=decode_failure_detail(detail) if detail is not None else None,
+        failure_detail_bytes=len(detail) if detail is not None else None,
     )
 
 

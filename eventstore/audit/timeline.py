@@ -7,6 +7,7 @@ hash of its stored bytes, and the lifecycle position after it. Pure: no I/O.
 from __future__ import annotations
 
 import msgspec
+from msgspec import UNSET
 
 from eventstore.reader import StoredEvent
 from machine.codes import EvidenceStatus, Stage, Status
@@ -34,7 +35,8 @@ class TimelineStep(msgspec.Struct, frozen=True, kw_only=True):
         event_bytes: size of the stored event.
         event_hash: SHA-256 of the stored bytes; ``stored_hash`` is the one written beside
             (entries before schema 2), else the same hash.
-        payload_field: the record field this event's payload lives in, if any.
+        payload_field: the record field this event's payload lives in, if any (a
+            Failed event's is the failure detail, when one was kept).
         payload_bytes: the payload's (or a rejected payload's) UTF-8 size.
         payload_sha256: the payload digest the event carries.
         detail: the error code or evidence status the event sets, if any.
@@ -64,10 +66,15 @@ def _payload(event: Event | None) -> tuple[str | None, int | None, str | None, s
     if event is None:
         return None, None, None, None
     fields = PAYLOAD_OF[event_type(event)]
+    payload = fields.payload
     size = getattr(event, fields.size) if fields.size else None
     digest = getattr(event, fields.digest) if fields.digest else None
+    if size is None or size is UNSET:
+        # A Failed without a failure detail: at most the size of what it refused.
+        payload, digest = None, None
+        size = getattr(event, fields.rejected) if fields.rejected else None
     detail = getattr(event, "evidence_status", None) or getattr(event, "error_code", None)
-    return fields.payload, size, digest, detail
+    return payload, size, digest, detail
 
 
 def _stored_schema(data: bytes) -> int | None:

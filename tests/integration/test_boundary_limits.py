@@ -37,6 +37,7 @@ def test_default_limits_are_pinned():
         "json_depth": 32,
         "fact_count": 100,
         "facts_bytes": 64 * 1024,
+        "failure_detail_bytes": 8 * 1024,
     }
 
 

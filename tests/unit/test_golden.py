@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import importlib.util
 import pathlib
 from types import ModuleType
@@ -11,6 +12,7 @@ import pytest
 
 from machine.compact import is_compact
 from machine.events import (
+    COMPACT_LAYOUT,
     GENESIS_HASH,
     SCHEMA_VERSION,
     decode_event,
@@ -48,6 +50,8 @@ COMPACT_OUTCOME = {
     "error-executing": EXPECTED_OUTCOME["error-executing"],
     "error-projecting": EXPECTED_OUTCOME["error-projecting"],
     "upgrade": ("READY", "EVIDENCE_FOUND", None),
+    "error-detail": ("ERROR", "ERROR", "EXECUTION_FAILED"),
+    "error-detail-projecting": ("ERROR", "ERROR", "PROJECTION_FAILED"),
 }
 COMPACT_NAMES = sorted(path.name.removesuffix(".compact.hex") for path in GOLDEN.glob("*.hex"))
 
@@ -189,3 +193,24 @@ def test_generator_reproduces_the_checked_in_compact_histories() -> None:
     """The generator script and the checked-in compact lines agree."""
     for name, lines in _generator().compact_histories().items():
         assert lines == _compact_lines(name)
+
+
+@pytest.mark.parametrize("name", ["error-detail", "error-detail-projecting"])
+def test_a_kept_failure_detail_ends_the_failed_event(name: str) -> None:
+    """Its digest and size are the Failed array's last items, and the fold records both."""
+    detail = _generator().DETAIL
+    failed = msgspec.msgpack.decode(_compact_lines(name)[-1])
+    assert failed[-2:] == [hashlib.sha256(detail).digest(), len(detail)]
+    record = msgspec.json.decode((GOLDEN / f"{name}.compact.expected.json").read_bytes())
+    assert record["failure_detail_sha256"] == hashlib.sha256(detail).hexdigest()
+    assert record["failure_detail_bytes"] == len(detail)
+
+
+@pytest.mark.parametrize("name", ["error-executing", "error-projecting"])
+def test_a_failed_event_without_detail_keeps_its_first_shape(name: str) -> None:
+    """No digest, no size: the array ends with rejected_bytes, as before the detail existed."""
+    failed = msgspec.msgpack.decode(_compact_lines(name)[-1])
+    assert len(failed) == 2 + COMPACT_LAYOUT["Failed"].index("rejected_bytes") + 1
+    record = msgspec.json.decode((GOLDEN / f"{name}.compact.expected.json").read_bytes())
+    assert "failure_detail_sha256" not in record
+    assert decode_event(_compact_lines(name)[-1]).failure_detail_sha256 is msgspec.UNSET  # type: ignore[union-attr]

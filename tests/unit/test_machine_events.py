@@ -201,8 +201,15 @@ def test_payload_fields_are_read_from_the_declaration() -> None:
         "request": ("request_sha256", "request_bytes"),
         "raw": ("raw_sha256", "raw_bytes"),
         "result": ("result_sha256", "result_bytes"),
+        "failure_detail": ("failure_detail_sha256", "failure_detail_bytes"),
     }
-    assert PAYLOAD_OF["Failed"] == (None, None, "rejected_bytes")
+    assert PAYLOAD_OF["Failed"] == (
+        "failure_detail",
+        "failure_detail_sha256",
+        "failure_detail_bytes",
+        "rejected_bytes",
+    )
+    assert PAYLOAD_OF["Completed"].rejected is None
 
 
 @pytest.mark.parametrize("kind", EVENT_TYPES)
@@ -211,6 +218,53 @@ def test_digests_and_ids_are_stored_as_bytes(kind: str) -> None:
     hex_fields = {"event_id", "prev_hash"} | {
         name for name in COMPACT_LAYOUT[kind] if name.endswith("_sha256")
     }
-    items = msgspec.msgpack.decode(encode_event(make_event(kind, None, prev_hash="ab" * 32)))
+    event = make_event(kind, None, prev_hash="ab" * 32)
+    if isinstance(event, Failed):  # with its appended fields set, so that all are stored
+        event = msgspec.structs.replace(
+            event, failure_detail_sha256=payload_digest(b"{}"), failure_detail_bytes=2
+        )
+    items = msgspec.msgpack.decode(encode_event(event))
+    assert len(items) == 2 + len(COMPACT_LAYOUT[kind])
     for position, name in enumerate(COMPACT_LAYOUT[kind], start=2):
         assert isinstance(items[position], bytes) == (name in hex_fields), name
+
+
+def _failed(**fields: object) -> Failed:
+    return Failed(
+        event_id="ab" * 16,
+        version=2,
+        at_ms=5,
+        prev_hash=GENESIS_HASH,
+        error_code=ErrorCode.EXECUTION_FAILED,
+        **fields,  # type: ignore[arg-type]
+    )
+
+
+def test_appended_fields_unset_are_not_stored() -> None:
+    """A Failed without a failure detail is stored as before the detail existed."""
+    plain = _failed()
+    items = msgspec.msgpack.decode(encode_event(plain))
+    assert len(items) == 2 + COMPACT_LAYOUT["Failed"].index("rejected_bytes") + 1
+    assert items[-1] is None  # rejected_bytes, which always was stored
+    assert decode_event(encode_event(plain)) == plain
+    assert "failure_detail_sha256" not in stored_document(encode_event(plain))
+    assert b"failure_detail" not in msgspec.json.encode(plain)
+
+
+def test_appended_fields_round_trip_compact_and_json() -> None:
+    """A Failed with a detail stores its digest as bytes and reads back equal."""
+    digest = payload_digest(b"detail")
+    kept = _failed(rejected_bytes=None, failure_detail_sha256=digest, failure_detail_bytes=6)
+    data = encode_event(kept)
+    assert msgspec.msgpack.decode(data)[-2:] == [bytes.fromhex(digest), 6]
+    assert decode_event(data) == kept
+    assert encode_event(decode_event(data)) == data
+    assert stored_document(data)["failure_detail_sha256"] == digest
+    as_json = msgspec.json.encode(msgspec.structs.replace(kept, schema=1))
+    assert decode_event(as_json) == kept
+
+
+def test_an_appended_field_that_is_not_hex_takes_the_general_path() -> None:
+    """A digest that is not lowercase hex is stored as text and still reads back."""
+    odd = _failed(failure_detail_sha256="NOT-HEX", failure_detail_bytes=1)
+    assert decode_event(encode_event(odd)) == odd

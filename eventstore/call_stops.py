@@ -1,0 +1,64 @@
+"""``CallStop``: how the boundary ends a call early with a stable error code.
+
+A stop carries what the Failed event records besides the code: the size of a payload
+refused for its size, and the harness-only failure detail of a raising executor or
+projector (:mod:`machine.failure_detail`), already encoded and bounded. The exception
+object itself is never kept: only the bytes the record will hold.
+"""
+
+from __future__ import annotations
+
+from eventstore.errors import InvalidArgument
+from machine.codes import ErrorCode
+from machine.errors import CanonError
+from machine.failure_detail import FAILURE_DETAIL_POLICIES, FailureDetailPolicy, failure_detail
+from machine.limits import Limits
+
+
+class CallStop(CanonError):
+    """Raised when the boundary ends a call early with an error code (its control flow).
+
+    Never leaves the boundary: the agent gets the code's fixed message.
+
+    Attributes:
+        code: the stable error code the agent is answered with.
+        rejected_bytes: the size of a payload refused for its size, if any.
+        detail: the encoded failure detail to store, if any.
+
+    """
+
+    def __init__(
+        self, code: ErrorCode, rejected_bytes: int | None = None, detail: bytes | None = None
+    ) -> None:
+        super().__init__(code.value)
+        self.code = code
+        self.rejected_bytes = rejected_bytes
+        self.detail = detail
+
+
+def checked_policy(policy: object) -> FailureDetailPolicy:
+    """Return ``policy`` if it is a failure-detail policy.
+
+    Raises:
+        InvalidArgument: it is not ``"full"``, ``"type"`` or ``"none"``.
+
+    """
+    if policy not in FAILURE_DETAIL_POLICIES:
+        raise InvalidArgument('failure_detail must be "full", "type" or "none"')
+    return policy
+
+
+def tool_failed(
+    code: ErrorCode,
+    exc: BaseException,
+    policy: FailureDetailPolicy,
+    limits: Limits,
+    stored_bytes: int,
+) -> CallStop:
+    """Return the stop of a raising executor or projector, with its failure detail.
+
+    The detail fits both its own limit and what the record limit leaves beside the
+    ``stored_bytes`` of payloads the record already holds (request, raw response).
+    """
+    room = min(limits.failure_detail_bytes, limits.record_bytes - stored_bytes)
+    return CallStop(code, detail=failure_detail(exc, policy, room))
