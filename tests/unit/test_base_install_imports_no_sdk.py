@@ -7,7 +7,17 @@ import subprocess
 import sys
 
 #: The top-level modules of every SDK an integration extra installs.
-SDKS = ("anthropic", "google.genai", "openai", "agents", "langgraph", "pydantic_ai", "mcp")
+SDKS = (
+    "anthropic",
+    "google.genai",
+    "openai",
+    "agents",
+    "langchain_core",
+    "langgraph",
+    "pydantic_ai",
+    "mcp",
+    "mcp_types",
+)
 
 
 def sdks_loaded_by(*modules: str) -> list[str]:
@@ -15,6 +25,8 @@ def sdks_loaded_by(*modules: str) -> list[str]:
     code = (
         "import importlib, json, sys\n"
         f"for name in {modules!r}:\n    importlib.import_module(name)\n"
+        # The whole parser: every subcommand module, canon mcp-proxy's included.
+        "import canon.cli\ncanon.cli.build_parser()\n"
         f"print(json.dumps(sorted(m for m in sys.modules if m in {SDKS!r})))\n"
     )
     result = subprocess.run(
@@ -24,9 +36,16 @@ def sdks_loaded_by(*modules: str) -> list[str]:
 
 
 def test_the_packages_and_the_cli_import_no_sdk() -> None:
-    """eventstore, projections, the CLI and canon.integrations itself leave every SDK
-    unloaded, though the test extra has them installed."""
-    base = ("machine", "eventstore", "projections", "canon.cli", "canon.integrations._shared")
+    """eventstore, projections, the CLI (every subcommand) and canon.integrations itself
+    leave every SDK unloaded, though the test extra has them installed."""
+    base = (
+        "machine",
+        "eventstore",
+        "projections",
+        "canon.cli",
+        "canon.integrations",
+        "canon.integrations._shared",
+    )
     assert sdks_loaded_by(*base) == []
 
 
