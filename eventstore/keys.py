@@ -9,6 +9,7 @@ key                                 type   written by               TTL
 ``{ns}:meta``                       hash   check_namespace, rebuild none (namespace config)
 ``{ns}:{sNN}:ctl``                  hash   ``Store.set_paused``     none (one per shard)
 ``{ns}:{sNN}:run:<run>``            hash   open_run.lua, create.lua deadline + record TTL
+``{ns}:{sNN}:runs``                 zset   open_run.lua             its latest run's expiry
 ``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
 ``{ns}:{sNN}:ev:<run>:<call>``      stream create.lua, append.lua   same instant as record
 ``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
@@ -19,6 +20,11 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
 ``{ns}:{sNN}:fail:<group>:<entry>`` hash   projection workers       the feed's retention
 =================================== ====== ======================== ==========================
+
+``runs`` indexes the shard's runs by open time (member: run id, score: ms since epoch) so
+recent runs are listed without SCAN; each ``open_run`` trims the entries older than the
+longest run lifetime the shard has seen (field ``run_lifetime_ms`` of ``ctl``), and
+readers skip an entry whose run hash is gone.
 
 ``fail:`` holds the last failure reason of one delivered feed entry (written when a
 handling attempt fails), so whichever consumer finally dead-letters it can say why.
@@ -211,6 +217,14 @@ class Keys:
         """Run registry hash: activity, deadline, budgets, counters, token hash."""
         return _run(self.tag_of(run_id), run_id)
 
+    def run_index(self, shard: int) -> str:
+        """The shard's runs by open time (a sorted set: run id scored by ms since epoch)."""
+        return _run_index(self.tag(shard))
+
+    def run_index_of(self, run_id: str) -> str:
+        """Run index of the shard that owns ``run_id``."""
+        return _run_index(self.tag_of(run_id))
+
     def record(self, run_id: str, tool_call_id: str) -> str:
         """Canonical record of one invocation.
 
@@ -359,6 +373,10 @@ def _control(tag: str) -> str:
 
 def _run(tag: str, run_id: str) -> str:
     return f"{tag}:run:{run_id}"
+
+
+def _run_index(tag: str) -> str:
+    return f"{tag}:runs"
 
 
 def _record(tag: str, run_id: str, tool_call_id: str) -> str:

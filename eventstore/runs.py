@@ -114,10 +114,13 @@ class RunRegistry:
         expires_at_ms = await self._scripts.open_run(
             OpenRunScript.arguments(
                 run=self._keys.run(run_id),
+                runs=self._keys.run_index_of(run_id),
+                control=self._keys.control_of(run_id),
                 token_sha256=token_digest(token),
                 deadline_ms=deadline_ms,
                 ttl_ms=self._ttl_ms,
                 budget=budget,
+                run_id=run_id,
                 tools=list(grants.items()),
             )
         )

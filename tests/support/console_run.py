@@ -1,0 +1,69 @@
+"""A run for the console tests: READY calls, a failed call with a failure detail, one in flight."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from datetime import timedelta
+
+import msgspec
+
+from eventstore.store import Store
+from machine.codes import ErrorCode, EvidenceStatus
+from machine.ids import invocation_id
+from projections import create_app
+from projections.console import Console, OperatorAuth
+from projections.supervisor import ReceiptServer
+
+RUN = "run-console"
+OPERATOR_TOKEN = "operator-secret-token-for-tests"
+FAILED_CALL = "c-failed"
+#: The failure detail written on the failed call's record (as the boundary keeps it).
+DETAIL = {
+    "type": "ConnectionResetError",
+    "message": "the search backend hung up",
+    "traceback": 'Traceback (most recent call last):\n  File "tool.py", line 3\n'
+    "ConnectionResetError: the search backend hung up",
+    "cut_bytes": 0,
+}
+SECRET_REQUEST = b'{"q":"REQUEST-PAYLOAD-MARKER"}'
+SECRET_RAW = b'{"raw":"RAW-PAYLOAD-MARKER"}'
+SECRET_RESULT = b'{"answer":"RESULT-PAYLOAD-MARKER"}'
+
+
+async def populate(store: Store) -> str:
+    """Open the run and write its calls; returns the run's access token."""
+    token = (await store.open_run(RUN, deadline=timedelta(minutes=5), budget=10)).access_token
+    for call in ("c1", "c2"):
+        head = await store.writer.create(RUN, call, "search", SECRET_REQUEST)
+        head = await store.writer.start_projecting(head, SECRET_RAW)
+        await store.writer.complete(head, SECRET_RESULT, EvidenceStatus.EVIDENCE_FOUND, "s")
+    head = await store.writer.create(RUN, FAILED_CALL, "fetch", SECRET_REQUEST)
+    await store.writer.fail(head, ErrorCode.EXECUTION_FAILED)
+    await store.client.hset(
+        store.keys.record(RUN, FAILED_CALL), "failure_detail", msgspec.json.encode(DETAIL)
+    )
+    await store.writer.create(RUN, "c-flight", "search", SECRET_REQUEST)
+    return token
+
+
+def failed_invocation() -> str:
+    """The invocation id of the failed call."""
+    return invocation_id(RUN, FAILED_CALL)
+
+
+@asynccontextmanager
+async def serving(store: Store, *, console: bool = True) -> AsyncIterator[str]:
+    """Serve the store's API (with the console unless told not to); yields the base URL."""
+    app = Console(store, OperatorAuth(OPERATOR_TOKEN)) if console else None
+    server = ReceiptServer(create_app(store, console=app))
+    task = asyncio.create_task(server.serve())
+    try:
+        while not server.started:
+            assert not task.done(), "the server did not start"
+            await asyncio.sleep(0.005)
+        yield f"http://127.0.0.1:{server.port}"
+    finally:
+        server.stop()
+        await asyncio.wait_for(task, 10)
