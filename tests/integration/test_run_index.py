@@ -11,8 +11,8 @@ import pytest
 from eventstore.errors import InvalidArgument
 from eventstore.run_index import list_runs, parse_cursor
 from eventstore.store import Store
-from machine.codes import ErrorCode, EvidenceStatus
 from eventstore.writer import now_ms
+from machine.codes import ErrorCode, EvidenceStatus
 from tests.helpers import commandstats
 from tests.support.waiting import wait_for
 
