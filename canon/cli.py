@@ -25,6 +25,7 @@ COMMANDS: Final = (
     "verify",
     "export",
     "inspect",
+    "runs",
     "status",
     "rebuild",
     "workers",
