@@ -157,10 +157,11 @@ async def test_pages_show_runs_timeline_calls_and_failure_detail(make_store: Any
         assert failed.status_code == 200
         assert DETAIL["type"] in failed.text and DETAIL["message"] in failed.text
         assert "ConnectionResetError: the search backend hung up" in failed.text
-        assert "EXECUTION_FAILED" in failed.text and "intact" in failed.text
+        assert "EXECUTION_FAILED" in failed.text and "Replay verdict" in failed.text
         assert "show harness-only payload" in failed.text
         ok = await client.get(f"/console/runs/{RUN}/invocations/{invocation_id(RUN, 'c1')}")
         assert "none recorded" in ok.text and "EVIDENCE_FOUND" in ok.text
+        assert "<b>intact</b>" in ok.text and "Preflighted" in ok.text
         assert "canon.invocation-receipt.v1" in ok.text
         for page in (runs, run, failed, ok):
             assert "PAYLOAD-MARKER" not in page.text
