@@ -21,11 +21,6 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:fail:<group>:<entry>`` hash   projection workers       the feed's retention
 =================================== ====== ======================== ==========================
 
-``runs`` indexes the shard's runs by open time (member: run id, score: ms since epoch) so
-recent runs are listed without SCAN; each ``open_run`` trims the entries older than the
-longest run lifetime the shard has seen (field ``run_lifetime_ms`` of ``ctl``), and
-readers skip an entry whose run hash is gone.
-
 ``fail:`` holds the last failure reason of one delivered feed entry (written when a
 handling attempt fails), so whichever consumer finally dead-letters it can say why.
 
@@ -185,7 +180,6 @@ class Keys:
 
         Raises:
             InvalidArgument: ``run_id`` is not a run id (so is every key built on it).
-
         """
         return self.tag(shard_of(_run_id(run_id), self.shards))
 
@@ -218,19 +212,14 @@ class Keys:
         return _run(self.tag_of(run_id), run_id)
 
     def run_index(self, shard: int) -> str:
-        """The shard's runs by open time (a sorted set: run id scored by ms since epoch)."""
-        return _run_index(self.tag(shard))
-
-    def run_index_of(self, run_id: str) -> str:
-        """Run index of the shard that owns ``run_id``."""
-        return _run_index(self.tag_of(run_id))
+        """The shard's runs, scored by open time (trimmed by ``open_run.lua``)."""
+        return f"{self.tag(shard)}:runs"
 
     def record(self, run_id: str, tool_call_id: str) -> str:
         """Canonical record of one invocation.
 
         Raises:
             InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
-
         """
         return _record(self.tag_of(run_id), run_id, self._tool_call_id(tool_call_id))
 
@@ -239,7 +228,6 @@ class Keys:
 
         Raises:
             InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
-
         """
         tag, call = self.tag_of(run_id), self._tool_call_id(tool_call_id)
         return _stream(self.layout, tag, run_id, call)
@@ -373,10 +361,6 @@ def _control(tag: str) -> str:
 
 def _run(tag: str, run_id: str) -> str:
     return f"{tag}:run:{run_id}"
-
-
-def _run_index(tag: str) -> str:
-    return f"{tag}:runs"
 
 
 def _record(tag: str, run_id: str, tool_call_id: str) -> str:
