@@ -12,7 +12,7 @@ import httpx
 
 from eventstore.store import Store
 from tests.integration.test_http_serve import free_port, spawn, until
-from tests.support.console_run import OPERATOR_TOKEN, RUN, populate
+from tests.support.console_run import DETAIL, OPERATOR_TOKEN, RUN, failed_invocation, populate
 
 __all__ = ["spawn"]  # the fixture, used by name
 
@@ -66,9 +66,14 @@ async def test_serve_opens_the_console_with_the_token_file(
         )
         assert page.status_code == 200 and '<rect class="bar"' in page.text
         assert (await client.get("/console/")).status_code == 401
+        failed = f"/console/runs/{RUN}/invocations/{failed_invocation()}"
+        for path in (failed, failed + "/payloads", f"/console/runs/{RUN}/invocations/x"):
+            await client.get(path, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
     await stop(process)
     log = output.read_text()
     assert "console_enabled" in log and OPERATOR_TOKEN not in log
+    # Neither a payload nor the failure detail reaches the log, whatever was browsed.
+    assert "PAYLOAD-MARKER" not in log and DETAIL["message"] not in log
 
 
 async def test_without_a_token_the_console_is_off_and_the_log_says_so(
