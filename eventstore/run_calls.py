@@ -98,6 +98,8 @@ def _row(run_id: str, tool_call_id: str, values: list[bytes | None]) -> CallRow 
 async def run_calls(store: Store, run_id: str) -> list[CallRow]:
     """Return every call of the run whose record is still stored, oldest first.
 
+    Calls created in the same millisecond come in call id order.
+
     Raises:
         InvalidArgument: ``run_id`` is not a run id.
         StoreUnavailable: Redis failed or timed out.

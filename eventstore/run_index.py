@@ -87,7 +87,11 @@ def run_status(fields: dict[str, bytes], at_ms: int) -> RunStatus:
 async def _candidates(
     store: Store, count: int, after: tuple[int, str] | None
 ) -> list[tuple[int, str]]:
-    """Up to ``count`` index entries per shard older than ``after``, merged newest first."""
+    """The newest ``count + 1`` index entries older than ``after``, across the shards.
+
+    Each shard gives ``count + 1`` (plus its ties at the cursor's time): the one past
+    ``count`` tells whether another page follows, even when one shard holds them all.
+    """
     keys = store.keys
     top = "+inf" if after is None else after[0]
     async with redis_errors(), store.client.pipeline(transaction=False) as pipe:
@@ -99,7 +103,7 @@ async def _candidates(
         for shard in range(keys.shards):
             extra = ties[shard] if ties else 0
             pipe.zrevrangebyscore(
-                keys.run_index(shard), top, "-inf", start=0, num=count + extra, withscores=True
+                keys.run_index(shard), top, "-inf", start=0, num=count + 1 + extra, withscores=True
             )
         replies = cast(list[list[tuple[bytes, float]]], await pipe.execute())
     per_shard = []

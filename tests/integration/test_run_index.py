@@ -48,9 +48,13 @@ async def test_runs_are_listed_newest_first_across_shards(make_store: Any, redis
     assert total == 9
 
 
-async def test_pages_follow_the_cursor_without_gaps_or_repeats(make_store: Any) -> None:
-    """Pages of 2 walk all runs exactly once, in order; the last page has no cursor."""
-    store: Store = make_store(shards=3)
+@pytest.mark.parametrize("shards", [1, 3])
+async def test_pages_follow_the_cursor_without_gaps_or_repeats(
+    make_store: Any, shards: int
+) -> None:
+    """Pages of 2 walk all runs exactly once, in order (also when one shard holds them
+    all); the last page has no cursor."""
+    store: Store = make_store(shards=shards)
     names = await open_runs(store, 7)
     seen: list[str] = []
     cursor = None

@@ -10,11 +10,13 @@ from datetime import timedelta
 import msgspec
 
 from eventstore.store import Store
+from eventstore.writer import now_ms
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id
 from projections import create_app
 from projections.console import Console, OperatorAuth
 from projections.supervisor import ReceiptServer
+from tests.support.waiting import wait_for
 
 RUN = "run-console"
 OPERATOR_TOKEN = "operator-secret-token-for-tests"
@@ -32,18 +34,28 @@ SECRET_RAW = b'{"raw":"RAW-PAYLOAD-MARKER"}'
 SECRET_RESULT = b'{"answer":"RESULT-PAYLOAD-MARKER"}'
 
 
+async def next_millisecond() -> None:
+    """Wait until the writer's clock moves on, so the next call is created strictly later."""
+    started = now_ms()
+    await wait_for(lambda: now_ms() > started)
+
+
 async def populate(store: Store) -> str:
-    """Open the run and write its calls; returns the run's access token."""
+    """Open the run and write its calls, each created in its own millisecond (so their
+    order is their creation order); returns the run's access token."""
     token = (await store.open_run(RUN, deadline=timedelta(minutes=5), budget=10)).access_token
     for call in ("c1", "c2"):
+        await next_millisecond()
         head = await store.writer.create(RUN, call, "search", SECRET_REQUEST)
         head = await store.writer.start_projecting(head, SECRET_RAW)
         await store.writer.complete(head, SECRET_RESULT, EvidenceStatus.EVIDENCE_FOUND, "s")
+    await next_millisecond()
     head = await store.writer.create(RUN, FAILED_CALL, "fetch", SECRET_REQUEST)
     await store.writer.fail(head, ErrorCode.EXECUTION_FAILED)
     await store.client.hset(
         store.keys.record(RUN, FAILED_CALL), "failure_detail", msgspec.json.encode(DETAIL)
     )
+    await next_millisecond()
     await store.writer.create(RUN, "c-flight", "search", SECRET_REQUEST)
     return token
 
