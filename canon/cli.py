@@ -26,6 +26,7 @@ COMMANDS: Final = (
     "verify",
     "export",
     "inspect",
+    "runs",
     "status",
     "rebuild",
     "workers",

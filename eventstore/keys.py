@@ -9,6 +9,7 @@ key                                 type   written by               TTL
 ``{ns}:meta``                       hash   check_namespace, rebuild none (namespace config)
 ``{ns}:{sNN}:ctl``                  hash   ``Store.set_paused``     none (one per shard)
 ``{ns}:{sNN}:run:<run>``            hash   open_run.lua, create.lua deadline + record TTL
+``{ns}:{sNN}:runs``                 zset   open_run.lua             its latest run's expiry
 ``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
 ``{ns}:{sNN}:ev:<run>:<call>``      stream create.lua, append.lua   same instant as record
 ``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
@@ -179,7 +180,6 @@ class Keys:
 
         Raises:
             InvalidArgument: ``run_id`` is not a run id (so is every key built on it).
-
         """
         return self.tag(shard_of(_run_id(run_id), self.shards))
 
@@ -211,12 +211,15 @@ class Keys:
         """Run registry hash: activity, deadline, budgets, counters, token hash."""
         return _run(self.tag_of(run_id), run_id)
 
+    def run_index(self, shard: int) -> str:
+        """The shard's runs, scored by open time (trimmed by ``open_run.lua``)."""
+        return f"{self.tag(shard)}:runs"
+
     def record(self, run_id: str, tool_call_id: str) -> str:
         """Canonical record of one invocation.
 
         Raises:
             InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
-
         """
         return _record(self.tag_of(run_id), run_id, self._tool_call_id(tool_call_id))
 
@@ -225,7 +228,6 @@ class Keys:
 
         Raises:
             InvalidArgument: ``run_id`` or ``tool_call_id`` is not acceptable.
-
         """
         tag, call = self.tag_of(run_id), self._tool_call_id(tool_call_id)
         return _stream(self.layout, tag, run_id, call)

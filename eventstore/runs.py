@@ -16,7 +16,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument, redis_errors
-from eventstore.keys import Keys
+from eventstore.keys import Keys, shard_of
 from eventstore.scripts import OpenRunScript, Scripts, UpdateRunScript
 from machine.ids import is_run_id, is_tool_name
 
@@ -114,10 +114,13 @@ class RunRegistry:
         expires_at_ms = await self._scripts.open_run(
             OpenRunScript.arguments(
                 run=self._keys.run(run_id),
+                runs=self._keys.run_index(shard_of(run_id, self._keys.shards)),
+                control=self._keys.control_of(run_id),
                 token_sha256=token_digest(token),
                 deadline_ms=deadline_ms,
                 ttl_ms=self._ttl_ms,
                 budget=budget,
+                run_id=run_id,
                 tools=list(grants.items()),
             )
         )

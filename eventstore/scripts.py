@@ -224,8 +224,8 @@ class OpenRunScript(LuaScript):
 
     name = "open_run"
     layout = Layout(
-        keys=("run",),
-        argv=("token_sha256", "deadline_ms", "ttl_ms", "budget"),
+        keys=("run", "runs", "control"),
+        argv=("token_sha256", "deadline_ms", "ttl_ms", "budget", "run_id"),
         argv_groups=(("tool", "tool_budget"),),
     )
 
@@ -233,10 +233,13 @@ class OpenRunScript(LuaScript):
     def arguments(
         *,
         run: str,
+        runs: str,
+        control: str,
         token_sha256: str,
         deadline_ms: int,
         ttl_ms: int,
         budget: int | None,
+        run_id: str,
         tools: Sequence[tuple[str, int | None]],
     ) -> KeysAndArgs:
         """KEYS and ARGV of one call; a budget of None is sent as '' (none)."""
@@ -245,10 +248,11 @@ class OpenRunScript(LuaScript):
             deadline_ms,
             ttl_ms,
             "" if budget is None else budget,
+            run_id,
         ]
         for tool, tool_budget in tools:
             args += (tool, "" if tool_budget is None else tool_budget)
-        return [run], args
+        return [run, runs, control], args
 
     async def __call__(self, call: KeysAndArgs) -> int:
         """Run the script; return the run's absolute expiry (ms).

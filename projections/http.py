@@ -1,12 +1,14 @@
 """The read-only receipt HTTP API (Starlette; served by uvicorn).
 
 ``GET /v1/invocations/inspection-capabilities``,
-``GET /v1/invocations/<64 lowercase hex>/receipt`` and ``GET /v1/runs/<run id>/progress``
-(the token's own run only; another id is 404 ``run_not_found``).
+``GET /v1/invocations/<64 lowercase hex>/receipt``, ``GET /v1/runs/<run id>/progress`` and
+``GET /v1/runs/<run id>/invocations`` (every call of the run in order, READY and ERROR
+alike, without payloads; both run routes answer for the token's own run only, another id
+is 404 ``run_not_found``).
 
 Checks run in this order: every answer carries ``Cache-Control: no-store``; the run's
 Bearer token (from the Authorization header only) must name a run whose token was not
-revoked, else 401; the method must be GET and the path one of the three shapes (the
+revoked, else 401; the method must be GET and the path one of the four shapes (the
 receipt's being ``/v1/invocations/<one path segment>/receipt``), else 404 ``not_found``;
 any query string is refused with 400; a receipt segment that is not 64 lowercase hex is
 refused with 400 (the last two before any record is read, so a malformed id never reaches
@@ -34,6 +36,7 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from eventstore.contracts import RunContext
 from eventstore.errors import StoreUnavailable
 from eventstore.logs import get_logger
+from eventstore.run_calls import run_calls
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -52,12 +55,16 @@ ROUTES: Final = (
     f"GET {CAPABILITIES_PATH}",
     "GET /v1/invocations/<invocation id>/receipt",
     "GET /v1/runs/<run id>/progress",
+    "GET /v1/runs/<run id>/invocations",
 )
 # Any one segment, so a malformed id is told apart (400) from a path of another shape
 # (404); the segment is checked with is_invocation_id before any lookup.
 _RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([^/]*)/receipt")
-_PROGRESS_PATH: Final = re.compile(r"/v1/runs/([A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127})/progress")
+_RUN_PATH: Final = re.compile(
+    r"/v1/runs/([A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127})/(progress|invocations)"
+)
 PROGRESS_SCHEMA: Final = "canon.run-progress.v1"
+INVOCATIONS_SCHEMA: Final = "canon.run-invocations.v1"
 _MAX_TOKEN_CHARS: Final = 512
 _CAPABILITIES: Final = msgspec.json.encode(
     {"schema_version": CAPABILITIES_SCHEMA, "receipt_schema": RECEIPT_SCHEMA, "read_only": True}
@@ -66,6 +73,9 @@ _QUERY_MESSAGE: Final = "Invocation inspection does not accept query parameters.
 _INVALID_ID_MESSAGE: Final = "An invocation id is 64 lowercase hexadecimal characters."
 _NOT_FOUND_MESSAGE: Final = "No invocation with this id is visible to this run."
 _CHANGED_MESSAGE: Final = "The invocation's tool is no longer authorized for this run."
+_CONSOLE_OFF_MESSAGE: Final = "The console is off: no operator token is configured."
+#: Where the operator console answers (its routes: projections.console.CONSOLE_ROUTES).
+CONSOLE_PREFIX: Final = "/console"
 _RUN_NOT_FOUND_MESSAGE: Final = "No run with this id is visible to this token."
 
 
@@ -166,18 +176,42 @@ async def progress_document(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
+async def invocations_document(store: Store, run_id: str) -> dict[str, Any]:
+    """Return every call of the run in order, as served: ids, tool, status, times, no payload."""
+    calls = [
+        {
+            "invocation_id": row.invocation_id,
+            "tool_call_id": row.tool_call_id,
+            "tool": row.tool,
+            "status": row.status,
+            "evidence_status": row.evidence_status if row.status == "READY" else None,
+            "error_code": row.error_code,
+            "created_at": iso_ms(row.created_at_ms),
+            "finished_at": iso_ms(row.finished_at_ms) if row.finished_at_ms else None,
+        }
+        for row in await run_calls(store, run_id)
+    ]
+    return {
+        "schema_version": INVOCATIONS_SCHEMA,
+        "read_only": True,
+        "run_id": run_id,
+        "observed_at": iso_ms(now_ms()),
+        "invocations": calls,
+    }
+
+
 async def _answer(store: Store, request: Request) -> tuple[Response, str]:
     run = await _open_run(store, request)
     if run is None:
         return _unauthorized(), "unauthorized"
     path: str = request.scope["path"]
     match = _RECEIPT_PATH.fullmatch(path)
-    progress = _PROGRESS_PATH.fullmatch(path)
+    run_route = _RUN_PATH.fullmatch(path)
     route = (
         "receipt"
         if match
-        else "progress"
-        if progress
+        else run_route.group(2)
+        if run_route
         else "capabilities"
         if path == CAPABILITIES_PATH
         else "other"
@@ -186,9 +220,11 @@ async def _answer(store: Store, request: Request) -> tuple[Response, str]:
         return _error(404, "not_found"), "other"
     if request.scope.get("query_string"):
         return _error(400, "invalid_request", _QUERY_MESSAGE), route
-    if progress is not None:
-        if progress.group(1) != run.run_id:
+    if run_route is not None:
+        if run_route.group(1) != run.run_id:
             return _error(404, "run_not_found", _RUN_NOT_FOUND_MESSAGE), route
+        if route == "invocations":
+            return _json(200, await invocations_document(store, run.run_id)), route
         return _json(200, await progress_document(store, run.run_id)), route
     if match is None:
         return _json(200, _CAPABILITIES), route
@@ -211,25 +247,44 @@ class _Endpoint:
     plain-text 404 before authentication, and every request must get the same checks.
     """
 
-    def __init__(self, app: ASGIApp, answer: Callable[[Request], Awaitable[Response]]) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        answer: Callable[[Request], Awaitable[Response]],
+        console: ASGIApp | None = None,
+    ) -> None:
         self.app = app
         self._answer = answer
+        self._console = console
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer an HTTP request; pass anything else (lifespan) on."""
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
+        path: str = scope["path"]
+        if path == CONSOLE_PREFIX or path.startswith(CONSOLE_PREFIX + "/"):
+            # The console has its own authentication (the operator token) and routes.
+            if self._console is None:
+                response = _error(404, "not_found", _CONSOLE_OFF_MESSAGE)
+                await response(scope, receive, send)
+            else:
+                await self._console(scope, receive, send)
+            return
         response = await self._answer(Request(scope, receive))
         await response(scope, receive, send)
 
 
-def create_app(store: Store, *, metrics: Metrics | None = None) -> Starlette:
+def create_app(
+    store: Store, *, metrics: Metrics | None = None, console: ASGIApp | None = None
+) -> Starlette:
     """Build the receipt API over ``store`` (which the caller opens and closes).
 
     Args:
         store: the store to read; the app never writes to it.
         metrics: where request latency is recorded, if anywhere.
+        console: the operator console answering under ``/console`` (404 there without
+            one; see :mod:`projections.console`).
 
     """
 
@@ -250,5 +305,8 @@ def create_app(store: Store, *, metrics: Metrics | None = None) -> Starlette:
         return response
 
     return Starlette(
-        middleware=[Middleware(NoStoreMiddleware), Middleware(_Endpoint, answer=answer)],
+        middleware=[
+            Middleware(NoStoreMiddleware),
+            Middleware(_Endpoint, answer=answer, console=console),
+        ],
     )

@@ -30,6 +30,19 @@ if ! has_redis7; then
   fi
 fi
 
+# The console's browser test drives Debian's chromium through its chromedriver (never a
+# downloaded browser); it fails, naming this install, when they are missing.
+if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
+  if command -v apt-get >/dev/null 2>&1 && [ "$(id -u)" = 0 ]; then
+    echo "installing Debian's chromium and chromium-driver for the console browser test" >&2
+    apt-get update -qq >/dev/null
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium chromium-driver >/dev/null
+  else
+    echo "no chromium/chromedriver: the browser test will fail; run" \
+      "'apt-get install -y chromium chromium-driver'" >&2
+  fi
+fi
+
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check .

@@ -3,7 +3,9 @@
 With no ``REDIS_URL`` it starts an embedded Redis (append-only file under ``--data-dir``)
 and stops it on exit. Projection workers run in the background while the harness calls
 tools; the tables show runs, outcomes, progress views, a few receipts and one replay, and
-the last block says how to look at what it wrote with the other commands.
+the last block says how to look at what it wrote with the other commands. With
+``--serve`` the embedded Redis and the operator console keep running after the demo (its
+URL and an operator token are printed) until SIGINT or SIGTERM (:mod:`canon.demo.serving`).
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import argparse
 import asyncio
 import json
 import pathlib
+import socket
 import sys
 from collections import Counter
+from collections.abc import Awaitable, Callable
 from typing import TextIO, cast
 
 import structlog
@@ -21,13 +25,15 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from canon.argtypes import bounded
+from canon.argtypes import bounded, port_number
 from canon.commands.replay import print_replay
 from canon.connection import add_connection_args, open_store
 from canon.demo.harness import DemoRun, drive, planned_calls
 from canon.demo.look import Where, print_look
+from canon.demo.serving import demo_token, keep_serving, listen
 from canon.exitcodes import RET_OK
 from canon.logs import configure_logging
+from canon.operator import add_console_args
 from eventstore.audit import replay_invocation
 from eventstore.embedded import EmbeddedRedis
 from eventstore.store import Store
@@ -145,8 +151,15 @@ async def _settle(workers: list[Worker], tasks: list[asyncio.Task[None]]) -> Non
         await worker.run(burst=True)
 
 
-async def run_demo(args: argparse.Namespace, console: Console) -> Where:
-    """Drive the demo and print its tables; returns where it wrote, for the last block."""
+async def run_demo(
+    args: argparse.Namespace,
+    console: Console,
+    then: Callable[[Store, Where], Awaitable[None]] | None = None,
+) -> Where:
+    """Drive the demo and print its tables; returns where it wrote, for the last block.
+
+    ``then`` runs with the store still open (and the embedded Redis still running).
+    """
     where = Where(namespace=args.namespace, redis_url=args.redis_url)
 
     def announce(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
@@ -199,14 +212,28 @@ async def run_demo(args: argparse.Namespace, console: Console) -> Where:
         where.run_id = runs[0].run_id
         where.failed_call = runs[0].first_call_with("ERROR/EXECUTION_FAILED")
         where.runs = [demo_run.run_id for demo_run in runs]
+        if then is not None:
+            await then(store, where)
     return where
 
 
 def _handle(args: argparse.Namespace) -> int:
     configure_demo_logging()
     console = Console()
-    where = asyncio.run(run_demo(args, console))
-    print_look(console, where)
+    if not args.serve:
+        where = asyncio.run(run_demo(args, console))
+        print_look(console, where)
+        return RET_OK
+    token = demo_token(args)
+    listener: socket.socket = listen(args.port)
+
+    async def keep(store: Store, where: Where) -> None:
+        await keep_serving(store, where, console, listener, token)
+
+    try:
+        asyncio.run(run_demo(args, console, then=keep))
+    finally:
+        listener.close()
     return RET_OK
 
 
@@ -224,4 +251,17 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--calls", type=at_least_2, default=40, help="searches per run (default: 40)"
     )
     parser.add_argument("--seed", type=int, default=7, help="random seed (default: 7)")
+    parser.add_argument(
+        "--serve",
+        action="store_true",
+        help="keep the embedded Redis and the operator console running after the demo "
+        "(prints the console URL and an operator token; Ctrl-C stops them)",
+    )
+    parser.add_argument(
+        "--port",
+        type=port_number,
+        default=8080,
+        help="with --serve: the console's loopback port; 0 picks a free one (8080)",
+    )
+    add_console_args(parser)
     parser.set_defaults(handler=_handle, namespace="demo")

@@ -4,13 +4,16 @@ Serves the routes of :data:`projections.http.ROUTES` with uvicorn, each answerin
 for the run named by the request's Bearer token. With ``--with-workers`` the receipt and
 progress workers run in the same process. SIGTERM or SIGINT stops the server and lets the
 workers settle their batches; the process then exits 0. The listening socket is bound
-before anything else runs, so a port in use is one line and exit 2.
+before anything else runs, so a port in use is one line and exit 2. With an operator token
+(``CANON_OPERATOR_TOKEN`` or ``--operator-token-file``) it also serves the read-only
+operator console at ``/console/`` (:mod:`canon.operator`).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import signal
 import socket
 from typing import Any
@@ -20,6 +23,7 @@ import structlog
 from canon.argtypes import port_number
 from canon.connection import add_connection_args, open_store
 from canon.failures import bind_errors
+from canon.operator import add_console_args, console_app, operator_token
 from canon.service import (
     add_logging_args,
     add_worker_args,
@@ -33,6 +37,7 @@ from projections.connections import (
     DEFAULT_MAX_CONNECTIONS,
     ConnectionLimits,
 )
+from projections.console import CONSOLE_ROUTES
 from projections.http import ROUTES, create_app
 from projections.metrics import Metrics
 from projections.supervisor import ReceiptServer
@@ -49,7 +54,10 @@ def register(subparsers: Any) -> None:
         "named by the request's Bearer token (Authorization: Bearer <run token>). Routes: "
         + "; ".join(ROUTES)
         + ". With --with-workers the receipt and progress workers run in the same process. "
-        "SIGTERM or SIGINT stops it gracefully (exit 0).",
+        "With an operator token ($CANON_OPERATOR_TOKEN or --operator-token-file) it also "
+        "serves the read-only operator console: "
+        + "; ".join(CONSOLE_ROUTES)
+        + ". SIGTERM or SIGINT stops it gracefully (exit 0).",
     )
     add_connection_args(parser, embedded=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to bind (127.0.0.1)")
@@ -79,6 +87,7 @@ def register(subparsers: Any) -> None:
         help="open connections at most; past it the longest-waiting idle one is closed "
         "(%(default)s)",
     )
+    add_console_args(parser)
     add_worker_args(parser)
     add_logging_args(parser)
     parser.set_defaults(handler=run)
@@ -92,6 +101,8 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _serve(args: argparse.Namespace) -> None:
+    token = operator_token(args, dict(os.environ))  # a bad token file fails before binding
+    args.operator_token = token
     listener = _listen(args.host, args.port)
     try:
         await _serve_on(args, listener)
@@ -105,8 +116,9 @@ async def _serve_on(args: argparse.Namespace, listener: socket.socket) -> None:
         if args.strict_durability:
             await store.check_durability("strict")
         metrics = Metrics()
+        console = console_app(store, args.operator_token, args.host)
         server = ReceiptServer(
-            create_app(store, metrics=metrics),
+            create_app(store, metrics=metrics, console=console),
             host=args.host,
             port=args.port,
             limits=ConnectionLimits(

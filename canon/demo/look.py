@@ -65,6 +65,7 @@ def look_commands(where: Where) -> list[tuple[str, str]]:
             )
         )
     commands += [
+        (f"canon runs {target}", "recent runs: status, calls by outcome, budget"),
         (f"canon export {run} {target}", "the run's records and events as JSON Lines"),
         (f"canon status {target}", "records, projections, dead letters, memory"),
         (f"canon verify {target}", "check every record against its journal"),

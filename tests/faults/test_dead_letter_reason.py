@@ -64,8 +64,7 @@ async def test_a_dead_letter_keeps_the_reason_seen_by_a_killed_worker(
         dead = await store.client.xrange(store.keys.dead_letters(shard_of(RUN, SHARDS)))
         receipts = [fields for _, fields in dead if fields[b"projection"] == b"receipts"]
         assert len(receipts) == 3
-        assert {fields[b"error"] for fields in receipts} == {
-            b"InvalidArgument"
-        }  # what building its receipt raised
+        # The error type the first worker logged for a record that names no run.
+        assert {fields[b"error"] for fields in receipts} == {b"InvalidArgument"}
         assert {fields[b"deliveries"] for fields in receipts} == {b"2"}
         assert not [fields for _, fields in dead if fields[b"error"] == b"unknown"]

@@ -123,6 +123,7 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
     assert [command.split()[1] for command in commands] == [
         "replay",
         "replay",
+        "runs",
         "export",
         "status",
         "verify",

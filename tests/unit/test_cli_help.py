@@ -66,16 +66,19 @@ def test_help_is_plain_text_without_sphinx_markup(
 
 
 def test_serve_help_lists_every_route(capsys: pytest.CaptureFixture[str]) -> None:
-    """Each route the HTTP API serves is named in ``canon serve --help``."""
+    """Each route the HTTP API and the console serve is named in ``canon serve --help``."""
+    from projections.console import CONSOLE_ROUTES
     from projections.http import ROUTES
 
     assert main(["serve", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere
-    for route in ROUTES:
+    for route in (*ROUTES, *CONSOLE_ROUTES):
         assert route in out, route
 
 
-@pytest.mark.parametrize("command", ["replay", "verify", "export", "inspect", "status", "rebuild"])
+@pytest.mark.parametrize(
+    "command", ["replay", "verify", "export", "inspect", "status", "rebuild", "runs"]
+)
 def test_commands_that_create_no_record_take_no_ttl(
     command: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -1,4 +1,4 @@
-"""What ships: the built wheel carries every module, Lua script and typing marker."""
+"""What ships: the built wheel carries every module, Lua script, template and typing marker."""
 
 from __future__ import annotations
 
@@ -9,15 +9,13 @@ import sys
 import zipfile
 
 ROOT = pathlib.Path(__file__).parents[2]
-
-
 PACKAGES = ("machine", "eventstore", "projections", "canon")
 _NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
 
 
-def test_wheel_contains_every_module_lua_script_and_py_typed(tmp_path: pathlib.Path):
-    """A module of a subpackage, a script or a marker missing from the wheel fails here,
-    not at a user's site."""
+def test_wheel_contains_every_module_script_template_and_py_typed(tmp_path: pathlib.Path):
+    """A module of a subpackage, a script, a template or a marker missing from the wheel
+    fails here, not at a user's site."""
     # From a copy without build/: a stale build/lib of an earlier build would otherwise be
     # packed too and hide a module the package list leaves out.
     source = tmp_path / "source"
@@ -32,10 +30,14 @@ def test_wheel_contains_every_module_lua_script_and_py_typed(tmp_path: pathlib.P
     names = set(zipfile.ZipFile(wheel).namelist())
     expected = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("*/scripts/*.lua")}
     expected |= {f"{package}/py.typed" for package in PACKAGES}
-    expected |= {
+    templates = {
+        p.relative_to(ROOT).as_posix() for p in ROOT.glob("projections/console/templates/*.html")
+    }
+    modules = {
         p.relative_to(ROOT).as_posix()
         for package in PACKAGES
         for p in (ROOT / package).rglob("*.py")
     }
-    assert expected, "no Lua scripts found in the source tree"
+    assert templates and modules and expected, "nothing found in the source tree"
+    expected |= templates | modules
     assert expected <= names, sorted(expected - names)

@@ -1,0 +1,97 @@
+"""``canon runs``: recent runs, newest first, from the per-shard run indexes (no SCAN).
+
+Each run with its status (active, closed, or expired: its deadline passed while open),
+its calls by outcome (READY, ERROR, PROJECTING), its budget used out of its total and its
+deadline. ``--limit`` runs per page; the last line gives the ``--cursor`` of the next
+page. Read-only. Exit 0, 2 on usage errors, 3 when Redis is unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import msgspec
+from rich.console import Console
+from rich.table import Table
+
+from canon.argtypes import bounded
+from canon.commands.readonly import run_read_only, stdout_console
+from canon.connection import add_connection_args
+from canon.exitcodes import RET_OK
+from eventstore.errors import InvalidArgument
+from eventstore.run_index import MAX_LIMIT, RunPage, list_runs, parse_cursor
+from eventstore.store import Store
+from projections.receipts import iso_ms
+
+
+def _cursor(text: str) -> str:
+    try:
+        parse_cursor(text)
+    except InvalidArgument as exc:
+        raise argparse.ArgumentTypeError(
+            f"{exc} (copy it from the last line of a canon runs page)"
+        ) from None
+    return text
+
+
+def print_runs(console: Console, page: RunPage, namespace: str) -> None:
+    """Print one page of runs as a table, and how to get the next one."""
+    if not page.runs:
+        console.print(f"no runs in namespace {namespace} (none opened, or all expired)")
+        return
+    table = Table(
+        title=f"runs of namespace {namespace}, newest first",
+        caption="calls: invocations still stored, by status; budget: used / total",
+        caption_justify="left",
+    )
+    for column in ("run", "status", "opened", "deadline", "READY", "ERROR", "PROJ.", "budget"):
+        table.add_column(column, no_wrap=True, justify="left" if column[0].islower() else "right")
+    for run in page.runs:
+        total = "-" if run.budget_total is None else str(run.budget_total)
+        table.add_row(
+            run.run_id,
+            run.status,
+            iso_ms(run.opened_at_ms)[:19].replace("T", " "),
+            iso_ms(run.deadline_ms)[:19].replace("T", " "),
+            str(run.calls.get("READY", 0)),
+            str(run.calls.get("ERROR", 0)),
+            str(run.calls.get("PROJECTING", 0)),
+            f"{run.budget_used}/{total}",
+        )
+    console.print(table)
+    if page.cursor is not None:
+        console.print(f"older runs: canon runs --cursor {page.cursor}", soft_wrap=True)
+
+
+def _handle(args: argparse.Namespace) -> int:
+    async def work(store: Store) -> int:
+        page = await list_runs(store, limit=args.limit, cursor=args.cursor)
+        if args.json:
+            sys.stdout.write(msgspec.json.encode(page).decode() + "\n")
+        else:
+            print_runs(stdout_console(), page, store.keys.namespace)
+        return RET_OK
+
+    return run_read_only(args, work)
+
+
+def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``runs`` subcommand."""
+    parser = subparsers.add_parser(
+        "runs",
+        help="list recent runs: status, calls by outcome, budget, deadline",
+        description=__doc__,
+    )
+    parser.add_argument(
+        "--limit",
+        type=bounded(1, MAX_LIMIT, f"a whole number from 1 to {MAX_LIMIT}"),
+        default=20,
+        help="runs per page (20)",
+    )
+    parser.add_argument(
+        "--cursor", type=_cursor, default=None, help="where a page starts (a page's last line)"
+    )
+    parser.add_argument("--json", action="store_true", help="the page as one JSON document")
+    add_connection_args(parser, writes=False)
+    parser.set_defaults(handler=_handle)

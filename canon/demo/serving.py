@@ -1,0 +1,91 @@
+"""``canon demo --serve``: keep the embedded Redis and the console running after the demo.
+
+The listening socket is bound before the demo starts (a port in use is one line, exit 2).
+Once the tables are printed, the console serves the demo's store at the printed URL and
+an operator token is printed: the configured one is never printed (``CANON_OPERATOR_TOKEN``
+or ``--operator-token-file``: the operator has it), else a fresh one made for this
+process. SIGINT or SIGTERM stops the console, then the embedded Redis; the demo exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import os
+import secrets
+import signal
+import socket
+
+from rich.console import Console
+
+from canon.demo.look import Where, print_look
+from canon.failures import bind_errors
+from canon.operator import operator_token
+from eventstore.store import Store
+from machine.ids import invocation_id
+from projections import create_app
+from projections.console import Console as OperatorConsole
+from projections.console import OperatorAuth
+from projections.supervisor import ReceiptServer
+
+HOST = "127.0.0.1"
+
+
+def listen(port: int) -> socket.socket:
+    """Bind the console's loopback socket now, before the demo writes anything."""
+    with bind_errors("--port", HOST, port):
+        return socket.create_server((HOST, port), reuse_port=False)
+
+
+def demo_token(args: argparse.Namespace) -> tuple[str, bool]:
+    """The operator token, and whether it was made here (only then is it printed)."""
+    configured = operator_token(args, dict(os.environ))
+    if configured is not None:
+        return configured, False
+    return secrets.token_urlsafe(24), True
+
+
+async def keep_serving(
+    store: Store,
+    where: Where,
+    console: Console,
+    listener: socket.socket,
+    token: tuple[str, bool],
+) -> None:
+    """Print where to look, then serve the console until SIGINT or SIGTERM."""
+    where.kept_running = True
+    print_look(console, where)
+    server = ReceiptServer(
+        create_app(store, console=OperatorConsole(store, OperatorAuth(token[0])))
+    )
+    port = int(listener.getsockname()[1])
+    url = f"http://{HOST}:{port}/console/"
+    console.rule("the console")
+    console.print(f"console: {url}", highlight=False, soft_wrap=True)
+    if where.run_id:
+        run_url = f"{url}runs/{where.run_id}"
+        console.print(f"the first run: {run_url}", highlight=False, soft_wrap=True)
+        if where.failed_call:
+            failed = invocation_id(where.run_id, where.failed_call)
+            console.print(
+                f"its failed call: {run_url}/invocations/{failed}", highlight=False, soft_wrap=True
+            )
+    if token[1]:
+        console.print(f"operator token: {token[0]}", highlight=False, soft_wrap=True)
+    else:
+        console.print("operator token: the one you configured", highlight=False)
+    console.print(
+        "Log in with the token, open a run, click the red bar (EXECUTION_FAILED). "
+        "Ctrl-C (or SIGTERM) stops the console and the embedded Redis.",
+        highlight=False,
+    )
+    console.file.flush()
+    loop = asyncio.get_running_loop()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(signum, server.stop)
+    try:
+        await server.serve(sockets=[listener])
+    finally:
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            loop.remove_signal_handler(signum)
+    console.print("console stopped", highlight=False)

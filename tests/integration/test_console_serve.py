@@ -1,0 +1,103 @@
+"""``canon serve`` with the console: the token from a file opens it, no token leaves it off
+(and the log says so), a non-loopback host logs a loud warning; no token in any log."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from eventstore.store import Store
+from tests.integration.test_http_serve import free_port, spawn, until
+from tests.support.console_run import DETAIL, OPERATOR_TOKEN, RUN, failed_invocation, populate
+
+__all__ = ["spawn"]  # the fixture, used by name
+
+
+async def serve_console(
+    spawn: Any, redis_url: str, namespace: str, *extra: str
+) -> tuple[Any, Path, int]:
+    port = free_port()
+    process, output = spawn(
+        "serve",
+        f"--redis-url={redis_url}",
+        f"--namespace={namespace}",
+        "--shards=2",
+        f"--port={port}",
+        *extra,
+    )
+    async with httpx.AsyncClient() as client:
+
+        async def answering() -> bool:
+            assert process.poll() is None, output.read_text()
+            try:
+                await client.get(f"http://127.0.0.1:{port}/console/login")
+            except httpx.TransportError:
+                return False
+            return True
+
+        await until(answering, 30)
+    return process, output, port
+
+
+async def stop(process: Any) -> None:
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.wait, 15) == 0
+
+
+async def test_serve_opens_the_console_with_the_token_file(
+    make_store: Any, redis_url: str, namespace: str, spawn: Any, tmp_path: Path
+) -> None:
+    """The token file's token opens the run page over a bearer header; the log names the
+    console and never the token."""
+    store: Store = make_store(shards=2)
+    await populate(store)
+    token_file = tmp_path / "operator-token"
+    token_file.write_text(OPERATOR_TOKEN + "\n")
+    process, output, port = await serve_console(
+        spawn, redis_url, namespace, f"--operator-token-file={token_file}"
+    )
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        page = await client.get(
+            f"/console/runs/{RUN}", headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"}
+        )
+        assert page.status_code == 200 and '<rect class="bar"' in page.text
+        assert (await client.get("/console/")).status_code == 401
+        failed = f"/console/runs/{RUN}/invocations/{failed_invocation()}"
+        for path in (failed, failed + "/payloads", f"/console/runs/{RUN}/invocations/x"):
+            await client.get(path, headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"})
+    await stop(process)
+    log = output.read_text()
+    assert "console_enabled" in log and OPERATOR_TOKEN not in log
+    # Neither a payload nor the failure detail reaches the log, whatever was browsed.
+    assert "PAYLOAD-MARKER" not in log and DETAIL["message"] not in log
+
+
+async def test_without_a_token_the_console_is_off_and_the_log_says_so(
+    make_store: Any, redis_url: str, namespace: str, spawn: Any
+) -> None:
+    """No token configured: /console/ is 404 and the serve log says the console is off."""
+    make_store(shards=2)
+    process, output, port = await serve_console(spawn, redis_url, namespace)
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        assert (await client.get("/console/")).status_code == 404
+    await stop(process)
+    assert "console_disabled" in output.read_text()
+
+
+async def test_a_host_beyond_loopback_is_a_loud_warning(
+    make_store: Any, redis_url: str, namespace: str, spawn: Any, tmp_path: Path
+) -> None:
+    """Bound to every address, the console still serves, and the log warns in capitals."""
+    make_store(shards=2)
+    token_file = tmp_path / "operator-token"
+    token_file.write_text(OPERATOR_TOKEN)
+    process, output, _ = await serve_console(
+        spawn, redis_url, namespace, "--host=0.0.0.0", f"--operator-token-file={token_file}"
+    )
+    await stop(process)
+    log = output.read_text()
+    assert "console_exposed" in log and "REACHABLE BEYOND THIS MACHINE" in log
