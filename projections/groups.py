@@ -7,14 +7,15 @@ the worker decides whether to create it again or to leave it (a rebuild retired 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+import contextlib
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, cast
 
 import redis.exceptions
 from redis.asyncio import ConnectionPool, Redis
 from redis.typing import KeyT, StreamIdT
 
-from eventstore.errors import CanonError, StoreUnavailable, redis_errors
+from eventstore.errors import AccessDenied, CanonError, StoreUnavailable, redis_errors
 from eventstore.replies import reply_text
 from eventstore.store import Store
 
@@ -24,6 +25,21 @@ Entry = tuple[str, dict[bytes, bytes] | None]
 
 class GroupMissing(CanonError):
     """Raised when a feed has no such consumer group (it was deleted, or never created)."""
+
+
+@contextlib.asynccontextmanager
+async def _group_errors() -> AsyncIterator[None]:
+    """Like ``redis_errors``, but NOGROUP becomes :class:`GroupMissing` for the worker."""
+    try:
+        yield
+    except redis.exceptions.NoPermissionError:
+        raise AccessDenied("NoPermissionError") from None
+    except redis.exceptions.ResponseError as exc:
+        if "NOGROUP" in str(exc):
+            raise GroupMissing() from None
+        raise StoreUnavailable(type(exc).__name__) from None
+    except (redis.exceptions.RedisError, OSError) as exc:
+        raise StoreUnavailable(type(exc).__name__) from None
 
 
 async def ensure_group(client: Redis, feed: str, group: str) -> None:
@@ -79,14 +95,8 @@ async def read_groups(
 
     """
     streams: dict[KeyT, StreamIdT] = {feed: start for feed, start in starts.items()}
-    try:
+    async with _group_errors():
         reply: Any = await client.xreadgroup(group, consumer, streams, count=count, block=block_ms)
-    except redis.exceptions.ResponseError as exc:
-        if "NOGROUP" in str(exc):
-            raise GroupMissing() from None
-        raise StoreUnavailable(type(exc).__name__) from None
-    except (redis.exceptions.RedisError, OSError) as exc:
-        raise StoreUnavailable(type(exc).__name__) from None
     by_feed = reply.items() if isinstance(reply, dict) else reply or ()  # RESP3 or RESP2
     return {
         reply_text(feed): [(reply_text(entry_id), fields) for entry_id, fields in entries]
@@ -109,8 +119,13 @@ async def claim_idle(
 
     Redis 6.2 answers entries deleted from the stream as nil (they stay pending, now
     ours); they are counted in the page size but cannot be named here.
+
+    Raises:
+        GroupMissing: the feed has no such group (a server restarted without its data).
+        StoreUnavailable: Redis failed or timed out.
+
     """
-    async with redis_errors():
+    async with _group_errors():
         reply = await client.xautoclaim(feed, group, consumer, min_idle_ms, cursor, count=count)
     named = [
         (reply_text(entry_id), fields) for entry_id, fields in reply[1] if entry_id is not None

@@ -345,15 +345,21 @@ class Worker:
         feed = self.store.keys.feed(shard)
         cursor, claimed = "0-0", 0
         while not self._leave.is_set():
-            cursor, entries, page = await claim_idle(
-                self.store.client,
-                feed,
-                self.name,
-                self.consumer,
-                min_idle_ms=self.min_idle_ms,
-                cursor=cursor,
-                count=self.batch,
-            )
+            try:
+                cursor, entries, page = await claim_idle(
+                    self.store.client,
+                    feed,
+                    self.name,
+                    self.consumer,
+                    min_idle_ms=self.min_idle_ms,
+                    cursor=cursor,
+                    count=self.batch,
+                )
+            except GroupMissing:
+                # Nothing of a vanished group is left to claim; without creating it again
+                # here, a worker whose server came back empty would retry this forever.
+                await self._group_missing(shard)
+                return claimed
             claimed += page
             if entries:
                 self.counters["reclaimed"] += len(entries)

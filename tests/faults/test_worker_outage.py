@@ -53,8 +53,11 @@ def test_workers_back_off_while_redis_is_down_and_log_their_recovery(
     wait_for_each(log_path, "worker_started", process)
 
     server.kill()
-    down_at = time.monotonic()
     wait_for_each(log_path, "worker_read_failed", process)
+    # The outage is timed from when both workers have seen it, not from the kill: on a
+    # loaded machine the first failed read can come seconds after the kill, and each
+    # worker's down_s counts from its own first failure.
+    down_at = time.monotonic()
     while time.monotonic() - down_at < OUTAGE_S:  # the outage is a span of time
         assert process.poll() is None
         time.sleep(0.1)
@@ -65,7 +68,7 @@ def test_workers_back_off_while_redis_is_down_and_log_their_recovery(
     for projection in PROJECTIONS:
         lines = [e for e in during if e["projection"] == projection]
         assert 1 <= len(lines) <= 2, lines
-    assert all(e["level"] == "info" and e["failures"] >= 2 for e in recovered)
-    assert all(e["down_s"] >= OUTAGE_S - 1 for e in recovered)
+    assert all(e["level"] == "info" and e["failures"] >= 2 for e in recovered), recovered
+    assert all(e["down_s"] >= OUTAGE_S for e in recovered), recovered
     text = log_path.read_text()
     assert "Traceback" not in text and server.url not in text

@@ -14,7 +14,7 @@ from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from projections import ReceiptWorker
-from projections.groups import GroupMissing, ensure_group, read_groups
+from projections.groups import GroupMissing, claim_idle, ensure_group, read_groups
 
 SHARDS = 8
 
@@ -133,3 +133,36 @@ async def test_entries_of_two_feeds_with_the_same_ids_settle_in_one_batch(
         assert (await redis.xpending(feed, "receipts"))["pending"] == 0
         position = store.keys.position(shard_of(run_id, SHARDS), "receipts")
         assert await redis.hget(position, "last_entry_id") == b"1-3"
+
+
+async def test_claim_idle_reports_a_missing_group(make_store: Any, redis: Redis) -> None:
+    """A reclaim on a feed whose group is gone raises GroupMissing, not 'unavailable'."""
+    store: Store = make_store(shards=SHARDS)
+    feed = store.keys.feed(0)
+    await redis.xadd(feed, {"n": "1"})
+    with pytest.raises(GroupMissing):
+        await claim_idle(redis, feed, "g", "c", min_idle_ms=0, cursor="0-0", count=10)
+
+
+async def test_a_worker_whose_groups_vanish_creates_them_again_and_goes_on(
+    make_store: Any, redis: Redis
+) -> None:
+    """A server that comes back without its data has no groups: whether the worker's next
+    command is a reclaim or a read, it creates them again and serves what comes next."""
+    store: Store = make_store(shards=SHARDS)
+    runs = runs_on_every_shard()
+    for run_id in runs:
+        await store.open_run(run_id, deadline=timedelta(minutes=5))
+    # min_idle_ms=0: a reclaim is due on almost every turn, so both orders happen.
+    worker = ReceiptWorker(store, consumer="survivor", block_ms=50, min_idle_ms=0)
+    task = asyncio.create_task(worker.run())
+    try:
+        for cycle in range(6):
+            await wait_until_blocked(redis)
+            await redis.delete(*(store.keys.feed(shard) for shard in range(SHARDS)))
+            heads = [await finished(store, run_id, f"c{cycle}") for run_id in runs]
+            for head in heads:
+                assert await worker.wait_for(head, timeout_s=10), (cycle, head)
+    finally:
+        worker.stop()
+        await task
