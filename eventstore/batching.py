@@ -2,15 +2,18 @@
 
 Every concurrent ``await batcher.call(script, keys, args)`` is queued; the first call of
 a turn schedules a flush with ``loop.call_soon``, and the flush starts as many *lanes* as
-the queue needs, at most ``max_lanes``. A lane takes one pooled connection and sends the
-queue, ``max_batch`` calls at a time, as non-transactional pipelines of EVALSHA
-commands, until the queue is empty; then it gives the connection back. Under load a lane
-keeps its connection from one pipeline to the next (taking one from the pool and giving
-it back costs more than the rest of a round trip), and calls queued while every lane is
-busy go with the next pipeline a lane sends. Each caller gets its own reply or its own
-exception: one failing script never fails its neighbours. No task or future is ever left
-with an exception nobody retrieves: every future is settled by the lane that took it or
-cancelled with its caller, and every lane's end is retrieved when it finishes.
+the queue needs, at most ``max_lanes``. A lane takes one connection and sends the queue,
+``max_batch`` calls at a time, as non-transactional pipelines of EVALSHA commands, until
+the queue is empty. Calls queued while every lane is busy go with the next pipeline a
+lane sends. The batcher keeps the connections its lanes used (at most ``max_lanes``)
+for the next lanes, and gives them back to the pool when it is closed: taking one from
+the pool and giving it back costs more than the rest of a round trip. A call made while
+nothing is in flight skips the queue: it is sent at once from its caller's own task, on a
+kept connection, so one call at a time pays for no flush, lane task or future. Each
+caller gets its own reply or its own exception: one failing script never fails its
+neighbours. No task or future is ever left with an exception nobody retrieves: every
+future is settled by the lane that took it or cancelled with its caller, and every lane's
+end is retrieved when it finishes.
 
 Ordering: a pipeline carries its calls in the order they were made. Pipelines of
 different lanes may run in either order: harmless, because two events of one invocation
@@ -31,23 +34,19 @@ per node, so :class:`ScriptBatcher` sends each call on its own there.
 from __future__ import annotations
 
 import asyncio
-import math
 from collections import deque
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from typing import Any, Final, cast
 
-import hiredis
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
-from redis.exceptions import DataError, NoScriptError, ResponseError
-from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
+from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument
 from eventstore.logs import get_logger
-from eventstore.replies import reply_text
+from eventstore.wire import BatchStats, Call, pack_evalsha, send_batch
 
 log = get_logger("canon.batching")
 
@@ -62,50 +61,6 @@ DEFAULT_MAX_LANES: Final = 8
 async def call_script(script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]) -> Any:
     """Run ``script`` on its own client, unbatched (the signature of :meth:`ScriptBatcher.call`)."""
     return await script(keys=keys, args=args)
-
-
-@dataclass(slots=True)
-class BatchStats:
-    """Counters of one batcher, for tests and the benchmark.
-
-    Attributes:
-        calls: script calls made through the batcher.
-        round_trips: pipelines and single EVALSHA commands sent (re-sends included).
-        resends: batches sent again whole after a connection error or a timeout.
-        reloads: scripts loaded again after the server answered NOSCRIPT.
-        largest_batch: the most calls one round trip carried.
-
-    """
-
-    calls: int = 0
-    round_trips: int = 0
-    resends: int = 0
-    reloads: int = 0
-    largest_batch: int = 0
-
-
-@dataclass(slots=True)
-class _Call:
-    script: AsyncScript
-    args: tuple[EncodableT, ...]
-    packed: bytes
-    future: asyncio.Future[Any]
-
-
-def pack_evalsha(sha: str, args: tuple[EncodableT, ...]) -> bytes:
-    """Return one EVALSHA command in the Redis protocol (``args`` starts with numkeys).
-
-    hiredis packs in C; redis-py's asyncio connection packs in Python, which costs more
-    than the rest of an append.
-
-    Raises:
-        redis.exceptions.DataError: an argument is not bytes, str, int or float.
-
-    """
-    try:
-        return cast(bytes, hiredis.pack_command(("EVALSHA", sha, *args)))  # type: ignore[arg-type]
-    except TypeError as exc:
-        raise DataError(str(exc)) from None
 
 
 class ScriptBatcher:
@@ -134,11 +89,18 @@ class ScriptBatcher:
         self._max_batch = max_batch
         self._max_lanes = max_lanes
         self._enabled = isinstance(client, Redis)
-        self._queue: deque[_Call] = deque()
+        self._queue: deque[Call] = deque()
         self._flush_scheduled = False
         self._lanes = 0
         self._connected = 0  # lanes holding a connection
         self._in_flight: set[asyncio.Task[None]] = set()
+        # One connection kept between calls: taking one from the pool and giving it back
+        # costs more than the rest of a round trip when one call is in flight.
+        self._idle: list[Connection] = []
+        pool = getattr(client, "connection_pool", None)  # a cluster client has none
+        self._pool_size = int(getattr(pool, "max_connections", 0) or 0)
+        self._limit_s: float | None = None
+        self._limit: Deadlines | None = None
         self.stats = BatchStats()
 
     @property
@@ -174,21 +136,92 @@ class ScriptBatcher:
         # Packed before the future exists: an argument that cannot be sent leaves nothing.
         packed = pack_evalsha(script.sha, packed_args)
         future: asyncio.Future[Any] = loop.create_future()
-        self._queue.append(_Call(script, packed_args, packed, future))
+        call = Call(script, packed_args, packed, future)
+        self._queue.append(call)
+        if not self._lanes and not self._flush_scheduled:
+            return await self._lead(call)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
-        try:
-            return await future
-        except asyncio.CancelledError:
-            if future.done() and not future.cancelled():
-                future.exception()  # retrieved: the reply came, its caller left
-            raise
+        return await _answer(future)
 
     async def drain(self) -> None:
         """Wait until every call already made has been answered."""
         while self._in_flight or self._queue:
             await asyncio.gather(*self._in_flight, asyncio.sleep(0), return_exceptions=True)
+
+    async def close(self) -> None:
+        """Answer every call already made, then give the kept connection back to the pool."""
+        await self.drain()
+        while self._idle:
+            await self._release(self._idle.pop())
+
+    async def _lead(self, call: Call) -> Any:
+        """Send the first call made while nothing is in flight from its caller's own task.
+
+        The caller lets the rest of its turn run first (one ``sleep(0)``), so that calls
+        made in the same turn still share a round trip: if any came, they and this call
+        go to lanes as usual. Alone, it is sent at once, with no flush and no lane task.
+        A cancellation already requested arrives at that ``sleep(0)``, before anything
+        is sent.
+        """
+        self._lanes += 1  # counted as a lane: calls made meanwhile queue behind it
+        try:
+            await asyncio.sleep(0)
+        except BaseException:
+            self._lanes -= 1
+            call.future.cancel()  # never sent: the queue skips it
+            self._flush_if_waiting()
+            raise
+        if len(self._queue) > 1 or self._queue[0] is not call:
+            self._lanes -= 1  # company came: every queued call goes to the lanes
+            self._flush_if_waiting()
+            return await _answer(call.future)
+        self._queue.popleft()
+        try:
+            connection = self._idle.pop() if self._idle else await self._connection()
+        except BaseException:
+            self._lanes -= 1
+            self._flush_if_waiting()
+            raise
+        self._connected += 1
+        try:
+            (reply,) = await send_batch([call], connection, self._limit, self.stats)
+        except BaseException:
+            # Cut off mid-exchange (the caller cancelled, or Redis failed): whatever was
+            # left unread must not answer the next call on this connection.
+            await connection.disconnect(nowait=True)
+            raise
+        finally:
+            self._lanes -= 1
+            self._connected -= 1
+            self._flush_if_waiting()
+            await self._keep_or_release(connection)
+        if isinstance(reply, Exception):
+            raise reply
+        return reply
+
+    def _flush_if_waiting(self) -> None:
+        """Start lanes for calls still queued, if no lane or flush will take them."""
+        waiting = not self._lanes and any(not call.future.done() for call in self._queue)
+        if waiting and not self._flush_scheduled:
+            self._flush_scheduled = True
+            asyncio.get_running_loop().call_soon(self._flush)
+
+    async def _keep_or_release(self, connection: Connection) -> None:
+        """Keep one connection for the next call, if the pool can spare it; else release it.
+
+        A pool no larger than the lanes could be emptied by the batcher alone, and any
+        other command of the store would wait for it: nothing is kept from such a pool.
+        """
+        if not self._idle and self._max_lanes < self._pool_size:
+            self._idle.append(connection)
+        else:
+            await self._release(connection)
+
+    async def _release(self, connection: Connection) -> None:
+        connection.socket_timeout = self._limit_s
+        await self._client.connection_pool.release(connection)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -214,9 +247,9 @@ class ScriptBatcher:
         if error is not None:
             log.error("batch_lane_failed", error=type(error).__name__)
 
-    def _take(self) -> list[_Call]:
+    def _take(self) -> list[Call]:
         """The next pipeline: up to ``max_batch`` queued calls whose callers still wait."""
-        queue, batch = self._queue, list[_Call]()
+        queue, batch = self._queue, list[Call]()
         while queue and len(batch) < self._max_batch:
             call = queue.popleft()
             if not call.future.done():  # a caller cancelled before sending never reaches Redis
@@ -229,46 +262,51 @@ class ScriptBatcher:
         The connection comes first and the calls after: a lane waiting for the pool holds
         no calls, so a small pool shared with busy lanes delays nobody.
         """
-        pool = self._client.connection_pool
         connection: Connection | None = None
-        limit_s: float | None = None
         try:
             while self._queue:
                 if connection is None:
-                    try:
-                        connection = cast(Connection, await pool.get_connection())  # type: ignore[no-untyped-call]
-                    except Exception as exc:
-                        if self._connected:  # the lanes that have one serve the queue
-                            return
-                        _settle_failed(self._take(), exc)  # no connection: this pipeline fails
-                        continue
+                    if self._idle:
+                        connection = self._idle.pop()
+                    else:
+                        try:
+                            connection = await self._connection()
+                        except Exception as exc:
+                            if self._connected:  # the lanes that have one serve the queue
+                                return
+                            _settle_failed(self._take(), exc)  # no connection: it fails
+                            continue
                     self._connected += 1
-                    # The lane bounds each exchange, writes and reads together, with one
-                    # timer of this length; with its own timeout set, redis-py would wrap
-                    # every write in a task of its own (wait_for) and every read in a timer.
-                    limit_s, connection.socket_timeout = connection.socket_timeout, None
                 batch = self._take()
                 if batch:
-                    await self._send(batch, connection, limit_s)
+                    await self._send(batch, connection, self._limit)
         finally:
             # Counted out before any await: a call queued from now on starts a new lane.
             self._lanes -= 1
             if connection is not None:
                 self._connected -= 1
             # The last lane leaves nothing behind (it only can if it was cancelled).
-            waiting = not self._lanes and any(not call.future.done() for call in self._queue)
-            if waiting and not self._flush_scheduled:
-                self._flush_scheduled = True
-                asyncio.get_running_loop().call_soon(self._flush)
+            self._flush_if_waiting()
             if connection is not None:
-                connection.socket_timeout = limit_s
-                await pool.release(connection)
+                await self._keep_or_release(connection)
+
+    async def _connection(self) -> Connection:
+        """A connection from the pool, its socket timeout taken over by the batcher."""
+        pool: Any = self._client.connection_pool
+        connection = cast(Connection, await pool.get_connection())
+        # The batcher bounds each exchange, writes and reads together, with one timer of
+        # this length; with its own timeout set, redis-py would wrap every write in a task
+        # of its own (wait_for) and every read in a timer.
+        self._limit_s, connection.socket_timeout = connection.socket_timeout, None
+        if self._limit_s and (self._limit is None or self._limit.seconds != self._limit_s):
+            self._limit = Deadlines(self._limit_s)
+        return connection
 
     async def _send(
-        self, batch: list[_Call], connection: Connection, limit_s: float | None
+        self, batch: list[Call], connection: Connection, limit: Deadlines | None
     ) -> None:
         try:
-            replies = await self._execute(batch, connection, limit_s)
+            replies = await send_batch(batch, connection, limit, self.stats)
         except BaseException as exc:
             # Whatever was left unread must not answer the next pipeline: drop it (the
             # next send reconnects).
@@ -285,66 +323,18 @@ class ScriptBatcher:
             else:
                 call.future.set_result(reply)
 
-    async def _execute(
-        self, batch: list[_Call], connection: Connection, limit_s: float | None
-    ) -> list[Any]:
-        replies = await self._round_trip(batch, connection, limit_s)
-        refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-        if refused:
-            scripts = {id(batch[i].script): batch[i].script for i in refused}
-            for script in scripts.values():
-                # On the lane's own connection: with a small pool held by busy lanes, one
-                # more connection could be long in coming.
-                script.sha = await connection.retry.call_with_retry(
-                    lambda: _load(connection, script.script, limit_s),  # noqa: B023 - awaited here
-                    lambda _error: connection.disconnect(),
-                )
-                self.stats.reloads += 1
-            again = [batch[i] for i in refused]
-            for call in again:
-                call.packed = pack_evalsha(call.script.sha, call.args)
-            resent = await self._round_trip(again, connection, limit_s)
-            for i, reply in zip(refused, resent, strict=True):
-                replies[i] = reply
-        return replies
 
-    async def _round_trip(
-        self, batch: list[_Call], connection: Connection, limit_s: float | None
-    ) -> list[Any]:
-        """Send ``batch`` on ``connection`` within ``limit_s`` seconds; errors come back in place.
-
-        Connection errors and timeouts are retried with the connection's ``Retry``
-        (the client's), as redis-py retries a pipeline: the connection is dropped and the
-        whole batch is sent again on a fresh one.
-        """
-        stats = self.stats
-        stats.largest_batch = max(stats.largest_batch, len(batch))
-        packed = [call.packed for call in batch]
-        attempts = 0
-
-        async def exchange() -> list[Any]:
-            nonlocal attempts
-            attempts += 1
-            stats.round_trips += 1
-            stats.resends += attempts > 1
-            return await _exchange(connection, packed, limit_s)
-
-        replies: list[Any] = await connection.retry.call_with_retry(
-            exchange, lambda _error: connection.disconnect()
-        )
-        return replies
+async def _answer(future: asyncio.Future[Any]) -> Any:
+    """Wait for a queued call's reply; a caller who leaves retrieves what came meanwhile."""
+    try:
+        return await future
+    except asyncio.CancelledError:
+        if future.done() and not future.cancelled():
+            future.exception()  # retrieved: the reply came, its caller left
+        raise
 
 
-async def _load(connection: Connection, source: EncodableT, limit_s: float | None) -> str:
-    """``SCRIPT LOAD`` on ``connection``; return the script's SHA."""
-    command = cast(bytes, hiredis.pack_command(("SCRIPT", "LOAD", source)))  # type: ignore[arg-type]
-    (sha,) = await _exchange(connection, [command], limit_s)
-    if isinstance(sha, Exception):
-        raise sha
-    return reply_text(sha)
-
-
-def _settle_failed(batch: list[_Call], exc: BaseException) -> None:
+def _settle_failed(batch: list[Call], exc: BaseException) -> None:
     """Fail every call of ``batch`` still waiting: cancelled with its lane, else with ``exc``."""
     for call in batch:
         if call.future.done():
@@ -353,28 +343,3 @@ def _settle_failed(batch: list[_Call], exc: BaseException) -> None:
             call.future.set_exception(exc)
         else:
             call.future.cancel()
-
-
-async def _exchange(
-    connection: Connection, packed: list[bytes], limit_s: float | None
-) -> list[Any]:
-    """Write every command, then read one reply per command (all of them, always).
-
-    One timer bounds the whole exchange (``None``: unbounded), where redis-py would start
-    a task for the write and arm a timer per reply.
-    """
-    replies: list[Any] = []
-    try:
-        async with asyncio.timeout(limit_s):
-            await connection.send_packed_command(packed, check_health=False)
-            for _ in packed:
-                try:
-                    replies.append(await connection.read_response(timeout=math.inf))
-                except ResponseError as exc:
-                    replies.append(exc)
-    except TimeoutError:
-        # As redis-py does for its own timeouts: the connection is dropped (its replies
-        # are out of step now) and the error is one its Retry re-sends after.
-        await connection.disconnect(nowait=True)
-        raise RedisTimeoutError("Timeout talking to Redis") from None
-    return replies

@@ -21,7 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventstore.batching import BatchStats, ScriptBatcher
+from eventstore.batching import ScriptBatcher
 from eventstore.cluster import (
     cluster_client,
     cluster_of,
@@ -42,6 +42,7 @@ from eventstore.settings import (
     StoreSettings,
     milliseconds,
 )
+from eventstore.wire import BatchStats
 from eventstore.writer import Writer, now_ms
 from machine.ids import is_run_id
 
@@ -254,7 +255,7 @@ class Store:
     async def aclose(self) -> None:
         """Close the connection pool."""
         self.check_loop()
-        await self._batcher.drain()
+        await self._batcher.close()
         await self.client.aclose()
 
     async def check_namespace(self) -> None:
