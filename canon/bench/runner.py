@@ -205,6 +205,8 @@ async def _scale_out(options: BenchOptions, progress: Progress) -> dict[str, Any
             )
     except EmbeddedRedisError as exc:  # no cluster here: the other sections still count
         return {"measured": False, "reason": f"failed: {exc}"}
+    except Exception as exc:  # the other sections still count, as for the lag
+        return {"measured": False, "reason": f"failed: {type(exc).__name__}: {exc}"}
 
 
 async def _lag(url: str, options: BenchOptions, progress: Progress, report: dict[str, Any]) -> None:

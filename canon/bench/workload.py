@@ -47,7 +47,11 @@ TTL_MS: Final = 24 * 3600 * 1000
 
 
 def run_id_for(mode: str, repeat: int, concurrency: int, task: int) -> str:
-    """A 12-character run id, the length the floor's template events carry."""
+    """A 12-character run id, the length the floor's template events carry.
+
+    It starts with the first character of ``mode`` (the benchmark passes each mode's
+    own letter, :data:`canon.bench.modes.MODES`), so no two modes share a run.
+    """
     return f"{mode[0]}{repeat:02d}{concurrency:03d}{task:06d}"
 
 
