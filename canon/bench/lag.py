@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
-from canon.bench.throughput import percentile
+from canon.bench.timing import percentile
 from canon.bench.workload import TOOL, Payloads, tool_call_id_for
 from canon.logs import configure_logging
 from canon.service import freeze_startup_heap

@@ -1,10 +1,13 @@
 """Runs every section of the benchmark and assembles the JSON report.
 
 Without a URL it starts its own servers (EmbeddedRedis): one with the recommended
-settings for throughput, lag and memory, one with Redis's defaults for memory, and a
-fresh one for scale; each is stopped when its section ends. With a URL everything runs
-there in fresh namespaces that are deleted afterwards (nothing is ever flushed), and
-memory is measured under the server's settings as they are.
+settings for throughput, lag and memory, one each with ``appendonly yes`` and
+``appendfsync everysec`` / ``always`` for the durability columns, one with Redis's
+defaults for memory, fresh ones for scale, and a three-master cluster beside a single
+server for scale-out; each is stopped when its section ends. With a URL everything runs
+there in fresh namespaces that are deleted afterwards (nothing is ever flushed), memory
+is measured under the server's settings as they are, and the durability columns and
+scale-out are not measured (they need servers of their own).
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import platform
 import secrets
 import sys
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
 from typing import Any, Final
@@ -23,51 +27,102 @@ from redis.asyncio import Redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from canon.bench import memory, scale
-from canon.bench.report import evaluate_goals, spread
-from canon.bench.throughput import MODES, Sample, ThroughputBench
+from canon.bench.report import evaluate_goals
+from canon.bench.scaleout import measure_scale_out
+from canon.bench.sections import Timing, measure_throughput
 from canon.bench.workload import Payloads
 from canon.logs import configure_logging
-from eventstore.binaries import ServerBinary, binary_version
+from eventstore.binaries import ServerBinary, binary_version, choose_redis_server
 from eventstore.embedded import EmbeddedRedis
+from eventstore.embedded_cluster import EmbeddedCluster
+from eventstore.errors import EmbeddedRedisError
+from eventstore.replies import reply_text
 from eventstore.server_settings import (
     REDIS_DEFAULTS,
     read_server_settings,
     server_settings_warnings,
 )
-from eventstore.store import Store
 
-SCHEMA: Final = "canon.bench.v1"
+SCHEMA: Final = "canon.bench.v2"
 Progress = Callable[[str], None]
+#: Server settings of the durability columns (on top of the recommended ones).
+DURABILITY: Final = {
+    "everysec": {"appendonly": "yes", "appendfsync": "everysec"},
+    "always": {"appendonly": "yes", "appendfsync": "always"},
+}
+#: Cluster mode with an explicit bus port (``cluster-port``) needs Redis 7.
+_CLUSTER_VERSION: Final = (7, 0, 0)
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, kw_only=True)
 class BenchOptions:
-    """What to run; :meth:`quick_run` and :meth:`full_run` are the two presets."""
+    """What to run; :meth:`quick_run` and :meth:`full_run` are the two presets.
+
+    ``repeats``, ``warmup_s`` and ``duration_s`` time the throughput section without
+    persistence; the durability columns and scale-out have timings of their own.
+    """
 
     quick: bool
     repeats: int
     warmup_s: float
     duration_s: float
     concurrency: tuple[int, ...]
+    durability_repeats: int
+    durability_warmup_s: float
+    durability_duration_s: float
     memory_invocations: int
     scale_sizes: tuple[int, ...]
     scale_repeats: int
     scale_duration_s: float
+    scale_out_repeats: int
+    scale_out_duration_s: float
     lag_duration_s: float
     redis_url: str | None = None
     redis_server: str | None = None
 
     @classmethod
     def quick_run(cls) -> BenchOptions:
-        """CI-size numbers in well under a minute."""
-        return cls(True, 2, 0.1, 0.4, (1, 16, 64), 500, (2_000, 10_000), 1, 0.3, 1.5)
+        """CI-size numbers in under a minute."""
+        return cls(
+            quick=True,
+            repeats=2,
+            warmup_s=0.1,
+            duration_s=0.25,
+            concurrency=(1, 16, 64),
+            durability_repeats=1,
+            durability_warmup_s=0.05,
+            durability_duration_s=0.15,
+            memory_invocations=500,
+            scale_sizes=(2_000, 10_000),
+            scale_repeats=1,
+            scale_duration_s=0.3,
+            scale_out_repeats=1,
+            scale_out_duration_s=0.3,
+            lag_duration_s=1.5,
+        )
 
     @classmethod
     def full_run(cls) -> BenchOptions:
-        """The figures of docs/performance.md (several minutes; 1M stored needs ~4 GB)."""
-        # Scale: many short rounds, so each pair of samples compared is close in time.
-        sizes = (10_000, 100_000, 1_000_000)
-        return cls(False, 5, 0.3, 2.0, (1, 16, 64), 5_000, sizes, 10, 1.0, 10.0)
+        """The figures of docs/performance.md (minutes; 1M stored needs ~4 GB)."""
+        return cls(
+            quick=False,
+            repeats=5,
+            warmup_s=0.3,
+            duration_s=1.5,
+            concurrency=(1, 16, 64),
+            # Fewer and shorter samples with persistence: three sections must fit the time.
+            durability_repeats=2,
+            durability_warmup_s=0.2,
+            durability_duration_s=1.0,
+            memory_invocations=5_000,
+            scale_sizes=(10_000, 100_000, 1_000_000),
+            # Scale: many short rounds, so each pair of samples compared is close in time.
+            scale_repeats=10,
+            scale_duration_s=1.0,
+            scale_out_repeats=3,
+            scale_out_duration_s=1.5,
+            lag_duration_s=10.0,
+        )
 
     def on(self, redis_url: str | None, redis_server: str | None) -> BenchOptions:
         """These options against ``redis_url`` or with a given ``redis-server`` binary."""
@@ -107,79 +162,51 @@ def _quiet_production_logging() -> None:
         sys.stderr = saved
 
 
-def _summary(samples: list[Sample]) -> dict[str, Any]:
-    return {
-        "invocations_per_s": spread([s.invocations_per_s for s in samples]),
-        "p50_ms": spread([s.p50_ms for s in samples]),
-        "p99_ms": spread([s.p99_ms for s in samples]),
-        "client_cpu_us": spread([s.client_cpu_us for s in samples]),
-        "server_cpu_us": spread([s.server_cpu_us for s in samples]),
-        "invocations": sum(s.invocations for s in samples),
-    }
+async def _durability(options: BenchOptions, progress: Progress) -> dict[str, Any]:
+    """The throughput section again on servers with ``appendonly yes``, one per setting."""
+    if options.redis_url is not None:
+        reason = "--redis-url given: only that server is measured, under its own settings"
+        return {"measured": False, "reason": reason}
+    timing = Timing(
+        options.durability_repeats, options.durability_warmup_s, options.durability_duration_s
+    )
+    result: dict[str, Any] = {"measured": True}
+    for name, settings in DURABILITY.items():
+
+        def announce(line: str, name: str = name) -> None:
+            progress(f"appendfsync {name}: {line}")
+
+        with _server(options, progress, settings) as url:
+            section, _ = await measure_throughput(url, options.concurrency, timing, announce)
+        result[name] = {"settings": settings, **section}
+    return result
 
 
-async def _throughput(
-    url: str, options: BenchOptions, progress: Progress, report: dict[str, Any]
-) -> None:
-    samples: dict[str, dict[int, list[Sample]]] = {
-        m: {c: [] for c in options.concurrency} for m in MODES
-    }
-    namespace = "bench" + secrets.token_hex(4)
-    bare = Redis.from_url(url)
-    store = Store.from_url(url, namespace=namespace, max_connections=256)
+async def _scale_out(options: BenchOptions, progress: Progress) -> dict[str, Any]:
+    """The writer and the boundary on a private 3-master cluster against one server."""
+    if options.redis_url is not None:
+        return {"measured": False, "reason": "skipped: --redis-url given (needs a private cluster)"}
+    binary = _binary(options) or choose_redis_server(minimum=_CLUSTER_VERSION)
+    if binary is None or binary.version < _CLUSTER_VERSION:
+        found = "none found" if binary is None else f"the private servers run {binary.label}"
+        return {"measured": False, "reason": f"needs a Redis 7 redis-server ({found})"}
     try:
-        async with store:
-            bench = ThroughputBench(store, bare, Payloads.of())
-            await bench.prepare()
-            for repeat in range(options.repeats):
-                progress(f"throughput: repeat {repeat + 1} of {options.repeats}")
-                for concurrency in options.concurrency:
-                    # Rotating the order spreads any drift across the modes.
-                    order = MODES[repeat % len(MODES) :] + MODES[: repeat % len(MODES)]
-                    for mode in order:
-                        sample = await bench.run(
-                            mode, repeat, concurrency, options.warmup_s, options.duration_s
-                        )
-                        samples[mode][concurrency].append(sample)
-                await scale.delete_namespace(bare, namespace)
-                await store.check_namespace()
-            stats = store.batch_stats
-    finally:
-        await scale.delete_namespace(bare, namespace)
-        await bare.aclose()
-    report["throughput"] = {
-        m: {str(c): _summary(s) for c, s in by_c.items()} for m, by_c in samples.items()
-    }
-    report["ratios"] = {
-        mode: {
-            str(c): {
-                "invocations_per_s": spread(
-                    [
-                        s.invocations_per_s / f.invocations_per_s
-                        for s, f in zip(samples[mode][c], samples["floor"][c], strict=True)
-                    ]
-                ),
-                "p99_ms": spread(
-                    [
-                        s.p99_ms / f.p99_ms
-                        for s, f in zip(samples[mode][c], samples["floor"][c], strict=True)
-                        if f.p99_ms
-                    ]
-                ),
-            }
-            for c in options.concurrency
-        }
-        for mode in MODES
-        if mode != "floor"
-    }
-    report["batching"] = {
-        "calls": stats.calls,
-        "round_trips": stats.round_trips,
-        "calls_per_round_trip": round(stats.calls / max(stats.round_trips, 1), 2),
-        "resends": stats.resends,
-        "reloads": stats.reloads,
-        "largest_batch": stats.largest_batch,
-    }
+        with EmbeddedCluster(binary) as cluster, _server(options, progress) as single:
+            addresses = ", ".join(node.address for node in cluster.nodes)
+            progress(f"private Redis Cluster of {cluster.masters} masters at {addresses}")
+            return await measure_scale_out(
+                single,
+                cluster,
+                namespace="out" + secrets.token_hex(4),
+                repeats=options.scale_out_repeats,
+                warmup_s=options.warmup_s,
+                duration_s=options.scale_out_duration_s,
+                progress=progress,
+            )
+    except EmbeddedRedisError as exc:  # no cluster here: the other sections still count
+        return {"measured": False, "reason": f"failed: {exc}"}
+    except Exception as exc:  # the other sections still count, as for the lag
+        return {"measured": False, "reason": f"failed: {type(exc).__name__}: {exc}"}
 
 
 async def _lag(url: str, options: BenchOptions, progress: Progress, report: dict[str, Any]) -> None:
@@ -226,6 +253,29 @@ async def _memory_section(
     }
 
 
+@contextlib.contextmanager
+def _section_time(report: dict[str, Any], name: str) -> Iterator[None]:
+    """Record how long a section took (its servers' start and stop included)."""
+    started = time.perf_counter()
+    try:
+        yield
+    finally:
+        report["elapsed_s"][name] = round(time.perf_counter() - started, 1)
+
+
+async def _persistence(url: str) -> dict[str, str]:
+    """The server's ``appendonly`` and ``appendfsync`` (one name per CONFIG GET, as 6.2 asks)."""
+    client = Redis.from_url(url)
+    settings: dict[str, str] = {}
+    try:
+        for name in ("appendonly", "appendfsync"):
+            for key, value in (await client.config_get(name)).items():
+                settings[reply_text(key)] = reply_text(value)
+    finally:
+        await client.aclose()
+    return settings
+
+
 async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, Any]:
     """Run every section and return the report (goals included)."""
     _quiet_production_logging()
@@ -235,28 +285,51 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
         "warmup_s": options.warmup_s,
         "duration_s": options.duration_s,
         "concurrency": list(options.concurrency),
+        "durability": {
+            "repeats": options.durability_repeats,
+            "warmup_s": options.durability_warmup_s,
+            "duration_s": options.durability_duration_s,
+        },
         "payload_bytes": {"request": 1024, "raw": 4096, "result": 512},
         "script_calls_per_invocation": 3,
         "memory_invocations": options.memory_invocations,
         "scale_sizes": list(options.scale_sizes),
+        "scale_out": {
+            "repeats": options.scale_out_repeats,
+            "duration_s": options.scale_out_duration_s,
+        },
     }
-    load_before = os.getloadavg()
+    report["elapsed_s"] = {}
+    started, load_before = time.perf_counter(), os.getloadavg()
     with _server(options, progress) as url:
         client = Redis.from_url(url)
         try:
             version = (await client.info("server"))["redis_version"]
         finally:
             await client.aclose()
-        await _throughput(url, options, progress, report)
-        await _lag(url, options, progress, report)
-        progress("memory: per invocation")
-        await _memory_section(
-            url, options, "configured" if options.redis_url else "recommended", report
-        )
+        report["persistence"] = await _persistence(url)
+        with _section_time(report, "throughput"):
+            timing = Timing(options.repeats, options.warmup_s, options.duration_s)
+            section, report["batching"] = await measure_throughput(
+                url, options.concurrency, timing, progress
+            )
+            report.update(section)
+        with _section_time(report, "projection_lag"):
+            await _lag(url, options, progress, report)
+        with _section_time(report, "memory"):
+            progress("memory: per invocation")
+            await _memory_section(
+                url, options, "configured" if options.redis_url else "recommended", report
+            )
+    with _section_time(report, "durability"):
+        report["durability"] = await _durability(options, progress)
     if options.redis_url is None:
-        with _server(options, progress, REDIS_DEFAULTS) as url:
+        with (
+            _section_time(report, "memory_defaults"),
+            _server(options, progress, REDIS_DEFAULTS) as url,
+        ):
             await _memory_section(url, options, "defaults", report)
-    with contextlib.ExitStack() as servers:
+    with _section_time(report, "scale"), contextlib.ExitStack() as servers:
         # Private servers: one per size, measured side by side; a given URL: one for all.
         count = 1 if options.redis_url else len(options.scale_sizes)
         urls = [servers.enter_context(_server(options, progress)) for _ in range(count)]
@@ -270,6 +343,9 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
             progress=progress,
         )
     report["scale"] = {"points": [point.to_json() for point in points]}
+    with _section_time(report, "scale_out"):
+        report["scale_out"] = await _scale_out(options, progress)
+    report["elapsed_s"]["total"] = round(time.perf_counter() - started, 1)
     report["environment"] = {
         "server": "REDIS_URL" if options.redis_url else "embedded",
         "redis_version": version,

@@ -23,7 +23,8 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from canon.bench.throughput import BenchError, Sample, ThroughputBench
+from canon.bench.throughput import ThroughputBench
+from canon.bench.timing import BenchError, Sample
 from canon.bench.workload import TOOL, FloorArgs, Payloads, tool_call_id_for
 from eventstore.scripts import FOLDER, AppendScript, CreateScript
 from eventstore.store import Store
@@ -136,7 +137,7 @@ class _Site:
         self.probe = Store.from_url(url, namespace=f"{namespace}w", ttl=timedelta(hours=1))
         self.baseline = 0
         self.filler = Filler(self.store, self.bare, Payloads.of(raw=64))
-        self.bench = ThroughputBench(self.probe, self.bare, Payloads.of())
+        self.bench = ThroughputBench(self.probe, Payloads.of(), bare=self.bare)
 
     async def open(self) -> None:
         await self.store.__aenter__()

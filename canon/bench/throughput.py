@@ -1,24 +1,43 @@
-"""Throughput and append latency of the four ways to write one invocation.
+"""Throughput and append latency of the ways to write one invocation (:mod:`.modes`).
 
-``floor``: bare redis-py EVALSHA of the store's scripts with pre-built arguments, one
-awaited call at a time per task. ``ceiling``: the same calls in pipelines of 16
-invocations. ``writer``: the Writer's create / start_projecting / complete. ``boundary``:
-``ToolBoundary.invoke`` with a trivial tool and logging on. Each runs with N concurrent
-asyncio tasks for a fixed window after a warm-up; a run yields invocations/s and the
-p50/p99 of one append (for the ceiling: of one pipeline, which every call in it waits).
+``minimal_naive``: bare redis-py asyncio EVALSHA of ``minimal_write.lua`` (only the
+writes), one awaited call at a time per task. ``minimal_pipelined``: the same calls in
+pipelines of 16 invocations. ``script_floor`` and ``script_ceiling``: the same two ways
+with the store's own scripts and pre-built arguments. ``writer``: the Writer's create /
+start_projecting / complete. ``boundary``: ``ToolBoundary.invoke`` with a trivial async
+tool and logging on; ``boundary_def_tool``: the same with a plain ``def`` tool, which the
+boundary runs in a worker thread. The two modes driven by plain threads are in
+:mod:`.threaded`. Each runs with N concurrent tasks (or threads) for a fixed window after
+a warm-up; a run yields invocations/s, the p50/p99 of one append (pipelined modes: of one
+pipeline, which every call in it waits for) and the client's and Redis's CPU time.
 """
 
 from __future__ import annotations
 
-import asyncio
+import contextlib
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final
 
 from redis.asyncio import Redis
 
+from canon.bench.minimal import FOLDER as BENCH_FOLDER
+from canon.bench.minimal import MinimalWriteScript
+from canon.bench.modes import BY_KEY
+from canon.bench.threaded import ThreadedModes
+from canon.bench.timing import (
+    BenchError,
+    Sample,
+    ServerCpu,
+    Tasks,
+    Window,
+    Workers,
+    bare_server_cpu,
+    check_reply,
+    drive,
+    timing_appends,
+)
 from canon.bench.workload import (
     TOOL,
     FloorArgs,
@@ -29,137 +48,85 @@ from canon.bench.workload import (
     tool_call_id_for,
 )
 from eventstore.boundary import ToolBoundary
-from eventstore.contracts import RunContext, ToolEnvelope, ToolResult
-from eventstore.errors import CanonError
+from eventstore.contracts import RunContext, ToolEnvelope
 from eventstore.scripts import FOLDER, AppendScript, CreateScript
 from eventstore.store import Store
-from eventstore.writer import now_ms
+from eventstore.writer import Writer, now_ms
 from machine.codes import EvidenceStatus
 
-MODES: Final = ("floor", "ceiling", "writer", "boundary")
 PIPELINE_INVOCATIONS: Final = 16
+#: One invocation's script calls: (SHA, ``numkeys, *keys, *args``) each.
+Calls = list[tuple[str, tuple[Any, ...]]]
 
 
-_WRITER_CALLS: Final = ("create", "start_projecting", "complete")
-
-
-class BenchError(CanonError, RuntimeError):
-    """Raised when a benchmark write is refused: the numbers would not mean anything."""
-
-
-@dataclass(slots=True)
-class _Window:
-    measuring: bool = False
-    invocations: int = 0
-    latencies: list[float] = field(default_factory=list)
-
-
-@dataclass(frozen=True, slots=True)
-class Sample:
-    """One timed run: throughput and append latency."""
-
-    invocations_per_s: float
-    p50_ms: float
-    p99_ms: float
-    invocations: int
-    client_cpu_us: float
-    server_cpu_us: float
-
-
-def percentile(values: list[float], fraction: float) -> float:
-    """Nearest-rank percentile of ``values`` (0.0 when empty)."""
-    if not values:
-        return 0.0
-    ordered = sorted(values)
-    return ordered[min(len(ordered) - 1, int(fraction * len(ordered)))]
-
-
-One = Callable[[int, int, _Window], Awaitable[int]]
-
-
-async def _drive(
-    window: _Window,
-    concurrency: int,
-    warmup_s: float,
-    duration_s: float,
-    one: One,
-    server_cpu_s: Callable[[], Awaitable[float]],
-) -> Sample:
-    stop = False
-
-    async def worker(task: int) -> None:
-        number = 0
-        while not stop:
-            done = await one(task, number, window)
-            if window.measuring:
-                window.invocations += done
-            number += done
-
-    tasks = [asyncio.create_task(worker(task)) for task in range(concurrency)]
-    try:
-        await asyncio.sleep(warmup_s)
-        server_started = await server_cpu_s()
-        window.measuring = True
-        started, cpu_started = time.perf_counter(), time.process_time()
-        await asyncio.sleep(duration_s)
-        window.measuring = False
-        elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
-        server_cpu = await server_cpu_s() - server_started
-        stop = True
-        await asyncio.gather(*tasks)
-    finally:
-        for task in tasks:
-            task.cancel()
-    count = max(window.invocations, 1)
-    return Sample(
-        invocations_per_s=window.invocations / elapsed,
-        p50_ms=percentile(window.latencies, 0.50) * 1000,
-        p99_ms=percentile(window.latencies, 0.99) * 1000,
-        invocations=window.invocations,
-        client_cpu_us=cpu / count * 1e6,
-        server_cpu_us=server_cpu / count * 1e6,
-    )
-
-
-def _timed(window: _Window, call: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-    async def timed(*args: Any, **kwargs: Any) -> Any:
-        started = time.perf_counter()
-        result = await call(*args, **kwargs)
-        if window.measuring:
-            window.latencies.append(time.perf_counter() - started)
-        return result
-
-    return timed
-
-
-def _check(reply: Any) -> None:
+def _check_script(reply: Any) -> None:
     if not isinstance(reply, list) or reply[0] != b"ok":
         raise BenchError(f"script refused a benchmark write: {reply!r:.80}")
 
 
-class ThroughputBench:
-    """Runs the four modes against one store (its namespace is the benchmark's)."""
+def _check_minimal(reply: Any) -> None:
+    if not isinstance(reply, bytes):
+        raise BenchError(f"the minimal script answered {reply!r:.80}")
 
-    def __init__(self, store: Store, bare: Redis, payloads: Payloads) -> None:
+
+class ThroughputBench:
+    """Runs the modes against one store (its namespace is the benchmark's).
+
+    Args:
+        store: the store under test.
+        payloads: one invocation's payloads.
+        bare: a plain client of the same server, for the floors and the server's CPU.
+        url: the server's URL, for the modes driven by threads (:mod:`.threaded`).
+        server_cpu: how to read the servers' CPU time (default: ``INFO`` on ``bare``).
+
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        payloads: Payloads,
+        *,
+        bare: Redis | None = None,
+        url: str | None = None,
+        server_cpu: ServerCpu | None = None,
+    ) -> None:
         self._store = store
         self._bare = bare
         self._payloads = payloads
         self._floor = FloorArgs(store.keys, payloads, at_ms=now_ms())
-        self._boundary = ToolBoundary(store, {TOOL: boundary_tool(payloads)})
+        self._boundaries = {
+            "boundary": ToolBoundary(store, {TOOL: boundary_tool(payloads)}),
+            "boundary_def_tool": ToolBoundary(store, {TOOL: boundary_tool(payloads, plain=True)}),
+        }
         self._shas: dict[str, str] = {}
         self._arguments = request_arguments(len(payloads.request))
+        self._threaded = (
+            None if url is None else ThreadedModes(url, store.keys.namespace, payloads, self._floor)
+        )
+        if server_cpu is None and bare is not None:
+            server_cpu = lambda: bare_server_cpu(bare)  # noqa: E731 - bound once
+        self._server_cpu = server_cpu
 
     async def prepare(self) -> None:
-        """Load the scripts the floor calls by SHA."""
-        for script in (CreateScript, AppendScript):
-            self._shas[script.name] = await self._bare.script_load(FOLDER.source(script.name))
+        """Load the scripts the floors call by SHA; open the sync store of the thread modes."""
+        if self._bare is not None:
+            for name, folder in (
+                (CreateScript.name, FOLDER),
+                (AppendScript.name, FOLDER),
+                (MinimalWriteScript.name, BENCH_FOLDER),
+            ):
+                self._shas[name] = await self._bare.script_load(folder.source(name))
+        if self._threaded is not None:
+            await self._threaded.open(self._shas[MinimalWriteScript.name])
 
-    async def _server_cpu_s(self) -> float:
-        info = await self._bare.info("cpu")
-        return float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    async def close(self) -> None:
+        """Close the sync store of the thread modes, if one was opened."""
+        if self._threaded is not None:
+            await self._threaded.close()
 
     async def _open_runs(self, mode: str, repeat: int, concurrency: int) -> list[str]:
-        runs = [run_id_for(mode, repeat, concurrency, task) for task in range(concurrency)]
+        letter = BY_KEY[mode].letter
+        runs = [run_id_for(letter, repeat, concurrency, task) for task in range(concurrency)]
         for run_id in runs:
             await self._store.open_run(run_id, deadline=timedelta(hours=2), tools={TOOL: None})
         return runs
@@ -167,72 +134,124 @@ class ThroughputBench:
     async def run(
         self, mode: str, repeat: int, concurrency: int, warmup_s: float, duration_s: float
     ) -> Sample:
-        """Run ``mode`` once with ``concurrency`` tasks and return its sample."""
+        """Run ``mode`` once with ``concurrency`` tasks (or threads); return its sample."""
+        if self._server_cpu is None:
+            raise BenchError("no way to read the server's CPU time was given")
         runs = await self._open_runs(mode, repeat, concurrency)
-        one = {
-            "floor": self._floor_one,
-            "ceiling": self._ceiling_one,
+        window = Window()
+        timed: Writer | None = None
+        workers: Workers
+        if BY_KEY[mode].threads:
+            if self._threaded is None:
+                raise BenchError(f"{mode} needs the server's URL")
+            workers, timed = self._threaded.workers(mode, runs, window)
+        else:
+            one = self._one(mode)
+
+            async def bound(task: int, number: int, window: Window) -> int:
+                return await one(runs[task], task, number, window)
+
+            workers = Tasks(window, concurrency, bound)
+            # The boundary's appends are timed where the writer mode times its own.
+            timed = self._store.writer if mode in self._boundaries else None
+        with timing_appends(timed, window) if timed is not None else contextlib.nullcontext():
+            return await drive(window, workers, warmup_s, duration_s, self._server_cpu)
+
+    def _one(self, mode: str) -> Callable[[str, int, int, Window], Awaitable[int]]:
+        if mode in self._boundaries:
+            boundary = self._boundaries[mode]
+
+            async def invoke(run_id: str, task: int, number: int, window: Window) -> int:
+                await self._boundary_one(boundary, run_id, number)
+                window.count(1)
+                return 1
+
+            return invoke
+        return {
+            "minimal_naive": self._minimal_naive_one,
+            "minimal_pipelined": self._minimal_pipelined_one,
+            "script_floor": self._script_floor_one,
+            "script_ceiling": self._script_ceiling_one,
             "writer": self._writer_one,
-            "boundary": self._boundary_one,
         }[mode]
 
-        async def bound(task: int, number: int, window: _Window) -> int:
-            return await one(runs[task], task, number, window)
+    def _script_calls(self, run_id: str, call: str, invocation_id: str) -> Calls:
+        floor, create, append = self._floor, self._shas["create"], self._shas["append"]
+        return [
+            (create, floor.create(run_id, call, invocation_id)),
+            (append, floor.append(run_id, call, 2)),
+            (append, floor.append(run_id, call, 3)),
+        ]
 
-        window = _Window()
-        writer = self._store.writer
-        if mode == "boundary":
-            # The boundary's appends are timed where the writer mode times its own.
-            for name in _WRITER_CALLS:
-                setattr(writer, name, _timed(window, getattr(writer, name)))
-        try:
-            return await _drive(
-                window, concurrency, warmup_s, duration_s, bound, self._server_cpu_s
-            )
-        finally:
-            for name in _WRITER_CALLS:
-                writer.__dict__.pop(name, None)
+    def _minimal_calls(self, run_id: str, call: str, invocation_id: str) -> Calls:
+        sha = self._shas[MinimalWriteScript.name]
+        return [(sha, self._floor.minimal(run_id, call, v, invocation_id)) for v in (1, 2, 3)]
 
-    async def _floor_one(self, run_id: str, task: int, number: int, window: _Window) -> int:
-        call = tool_call_id_for(number)
-        client, floor = self._bare, self._floor
-        calls = (
-            (self._shas["create"], floor.create(run_id, call, f"{task:032d}{number:032d}")),
-            (self._shas["append"], floor.append(run_id, call, 2)),
-            (self._shas["append"], floor.append(run_id, call, 3)),
-        )
+    async def _naive(self, calls: Calls, window: Window, check: Callable[[Any], None]) -> int:
+        client = self._bare
+        assert client is not None  # prepare() loaded the SHAs through it
         for sha, args in calls:
             started = time.perf_counter()
             reply = await client.evalsha(sha, *args)
             if window.measuring:
                 window.latencies.append(time.perf_counter() - started)
-            _check(reply)
+            check(reply)
+        window.count(1)
         return 1
 
-    async def _ceiling_one(self, run_id: str, task: int, number: int, window: _Window) -> int:
-        calls = [tool_call_id_for(number + i) for i in range(PIPELINE_INVOCATIONS)]
-        floor, create, append = self._floor, self._shas["create"], self._shas["append"]
-        phases: list[list[tuple[str, tuple[Any, ...]]]] = [
-            [
-                (create, floor.create(run_id, c, f"{task:032d}{number + i:032d}"))
-                for i, c in enumerate(calls)
-            ],
-            [(append, floor.append(run_id, c, 2)) for c in calls],
-            [(append, floor.append(run_id, c, 3)) for c in calls],
+    async def _pipelined(
+        self,
+        build: Callable[[str, str, str], Calls],
+        run_id: str,
+        task: int,
+        number: int,
+        window: Window,
+        check: Callable[[Any], None],
+    ) -> int:
+        client = self._bare
+        assert client is not None  # prepare() loaded the SHAs through it
+        invocations = [
+            build(run_id, tool_call_id_for(number + i), f"{task:032d}{number + i:032d}")
+            for i in range(PIPELINE_INVOCATIONS)
         ]
+        # One pipeline per step: every invocation's creation, then each append in turn.
+        # Each pipeline is credited with its share of the invocations, so a window
+        # shorter than a task's three pipelines still counts what was written in it.
+        phases = list(zip(*invocations, strict=True))
         for phase in phases:
             started = time.perf_counter()
-            async with self._bare.pipeline(transaction=False) as pipe:
+            async with client.pipeline(transaction=False) as pipe:
                 for sha, args in phase:
                     pipe.evalsha(sha, *args)
                 replies = await pipe.execute()
             if window.measuring:
                 window.latencies.append(time.perf_counter() - started)
             for reply in replies:
-                _check(reply)
+                check(reply)
+            window.count(PIPELINE_INVOCATIONS / len(phases))
         return PIPELINE_INVOCATIONS
 
-    async def _writer_one(self, run_id: str, task: int, number: int, window: _Window) -> int:
+    async def _minimal_naive_one(self, run_id: str, task: int, number: int, window: Window) -> int:
+        calls = self._minimal_calls(run_id, tool_call_id_for(number), f"{task:032d}{number:032d}")
+        return await self._naive(calls, window, _check_minimal)
+
+    async def _minimal_pipelined_one(
+        self, run_id: str, task: int, number: int, window: Window
+    ) -> int:
+        return await self._pipelined(
+            self._minimal_calls, run_id, task, number, window, _check_minimal
+        )
+
+    async def _script_floor_one(self, run_id: str, task: int, number: int, window: Window) -> int:
+        calls = self._script_calls(run_id, tool_call_id_for(number), f"{task:032d}{number:032d}")
+        return await self._naive(calls, window, _check_script)
+
+    async def _script_ceiling_one(self, run_id: str, task: int, number: int, window: Window) -> int:
+        return await self._pipelined(
+            self._script_calls, run_id, task, number, window, _check_script
+        )
+
+    async def _writer_one(self, run_id: str, task: int, number: int, window: Window) -> int:
         writer, payloads = self._store.writer, self._payloads
         latencies = window.latencies
         started = time.perf_counter()
@@ -243,16 +262,14 @@ class ThroughputBench:
         await writer.complete(head, payloads.result, EvidenceStatus.EVIDENCE_FOUND, "bench corpus")
         if window.measuring:
             latencies += (mid - started, late - mid, time.perf_counter() - late)
+        window.count(1)
         return 1
 
-    async def _boundary_one(self, run_id: str, task: int, number: int, window: _Window) -> int:
+    async def _boundary_one(self, boundary: ToolBoundary, run_id: str, number: int) -> None:
         envelope = ToolEnvelope(
             run_id=run_id,
             tool_call_id=tool_call_id_for(number),
             tool=TOOL,
             arguments=self._arguments,
         )
-        reply = await self._boundary.invoke(RunContext(run_id), envelope)
-        if not isinstance(reply, ToolResult):
-            raise BenchError(f"boundary answered {reply.error_code.value}")
-        return 1
+        check_reply(await boundary.invoke(RunContext(run_id), envelope))

@@ -1,10 +1,12 @@
-"""The benchmark's workload: payloads, tools, and the floor's pre-built script arguments.
+"""The benchmark's workload: payloads, tools, and the floors' pre-built script arguments.
 
 One invocation is three script calls (create, ProjectingStarted, Completed) carrying a
-1 KiB request, a 4 KiB raw response and a 512 B agent result. The naive floor and the
-batch ceiling run the store's own ``create.lua`` and ``append.lua`` with arguments built
+1 KiB request, a 4 KiB raw response and a 512 B agent result. The script floor and the
+script ceiling run the store's own ``create.lua`` and ``append.lua`` with arguments built
 once from real events, so Redis does exactly the work the Writer makes it do (same keys,
 same payload and event sizes, same checks) while the client does nothing but EVALSHA.
+The minimal floor runs ``minimal_write.lua`` (:mod:`canon.bench.minimal`) with the same
+keys, fields and events: only the writes, no checks and no reads.
 """
 
 from __future__ import annotations
@@ -14,10 +16,12 @@ from typing import Any, Final
 
 from redis.typing import EncodableT
 
+from canon.bench.minimal import MinimalWriteScript
 from eventstore.contracts import Projection, ToolCall, ToolSpec
 from eventstore.keys import Keys
 from eventstore.scripts import AppendScript, CreateScript
-from machine.codes import EvidenceStatus
+from machine.codes import EvidenceStatus, Stage
+from machine.compact import STATUS_CODES, TYPE_CODES
 from machine.events import (
     GENESIS_HASH,
     PAYLOAD_OF,
@@ -31,6 +35,7 @@ from machine.events import (
     payload_digest,
 )
 from machine.fold import event_fields
+from machine.lifecycle import STATUS_OF, next_stage
 
 TOOL: Final = "bench_search"
 #: Event id of every floor event: the scripts only compare it, so its length is what counts.
@@ -42,7 +47,11 @@ TTL_MS: Final = 24 * 3600 * 1000
 
 
 def run_id_for(mode: str, repeat: int, concurrency: int, task: int) -> str:
-    """A 12-character run id, the length the floor's template events carry."""
+    """A 12-character run id, the length the floor's template events carry.
+
+    It starts with the first character of ``mode`` (the benchmark passes each mode's
+    own letter, :data:`canon.bench.modes.MODES`), so no two modes share a run.
+    """
     return f"{mode[0]}{repeat:02d}{concurrency:03d}{task:06d}"
 
 
@@ -85,18 +94,26 @@ class Payloads:
         return len(self.request) + len(self.raw) + len(self.result)
 
 
-def boundary_tool(payloads: Payloads) -> ToolSpec:
-    """A trivial read-only tool: returns the raw bytes, projects the fixed result."""
+def boundary_tool(payloads: Payloads, *, plain: bool = False) -> ToolSpec:
+    """A trivial read-only tool: returns the raw bytes, projects the fixed result.
+
+    With ``plain`` its executor is a plain ``def``, as most users write one: the
+    boundary runs it in a worker thread (``ToolSpec.thread``). Either way the projector
+    is a plain function, which runs on the event loop.
+    """
     raw = payloads.raw
     result = result_text(len(payloads.result))
 
     async def execute(arguments: dict[str, Any], call: ToolCall) -> bytes:
         return raw
 
+    def execute_plain(arguments: dict[str, Any], call: ToolCall) -> bytes:
+        return raw
+
     def project(value: Any, call: ToolCall) -> Projection:
         return Projection(result=result, evidence_status=EvidenceStatus.EVIDENCE_FOUND, scope=SCOPE)
 
-    return ToolSpec(executor=execute, projector=project)
+    return ToolSpec(executor=execute_plain if plain else execute, projector=project)
 
 
 def _pairs(event: Event, payload: bytes) -> list[EncodableT]:
@@ -159,6 +176,17 @@ class FloorArgs:
         self._call_at = self._create_pairs.index("tool_call_id") + 1
         self._append_pairs = [_pairs(started, payloads.raw), _pairs(done, payloads.result)]
         self._at_ms = at_ms
+        self._expires_at_ms = at_ms + TTL_MS
+        self._minimal = _minimal_fields(
+            self._events, self._hashes, (payloads.request, payloads.raw, payloads.result)
+        )
+        first = self._minimal[0][0]
+        self._minimal_ids = (
+            first.index("run_id") + 1,
+            first.index("tool_call_id") + 1,
+            first.index("invocation_id") + 1,
+        )
+        first[first.index("expires_at_ms") + 1] = self._expires_at_ms
 
     def create(self, run_id: str, tool_call_id: str, invocation_id: str) -> tuple[Any, ...]:
         """``numkeys, *keys, *args`` of the creation call."""
@@ -210,3 +238,70 @@ class FloorArgs:
             fields=self._append_pairs[version - 2],
         )
         return (len(keys), *keys, *args)
+
+    def minimal(
+        self, run_id: str, tool_call_id: str, version: int, invocation_id: str = ""
+    ) -> tuple[Any, ...]:
+        """``numkeys, *keys, *args`` of the minimal floor's call for event ``version``.
+
+        The record fields are those ``create.lua`` (version 1, with ``invocation_id``)
+        or ``append.lua`` writes for the event, lifecycle fields included; version 1 also
+        sets the expiry, a TTL from the template's time as the store's default TTL gives.
+        """
+        k = self._keys
+        fields, type_code, status_code = self._minimal[version - 1]
+        if version == 1:
+            fields = fields.copy()
+            run_at, call_at, invocation_at = self._minimal_ids
+            fields[run_at], fields[call_at] = run_id, tool_call_id
+            fields[invocation_at] = invocation_id
+        keys, args = MinimalWriteScript.arguments(
+            record=k.record(run_id, tool_call_id),
+            stream=k.stream(run_id, tool_call_id),
+            feed=k.feed_of(run_id),
+            event=self._encoded[version - 1],
+            expires_at_ms=self._expires_at_ms if version == 1 else None,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            version=version,
+            type_code=type_code,
+            status_code=status_code,
+            fields=fields,
+        )
+        return (len(keys), *keys, *args)
+
+
+def _minimal_fields(
+    events: list[Event], hashes: list[str], payloads: tuple[bytes, ...]
+) -> list[tuple[list[EncodableT], int, int]]:
+    """Per event: the record fields the store's script writes, and the feed's two codes.
+
+    The lifecycle fields come first, in the order ``create.lua`` and ``append.lua`` set
+    them (``expires_at_ms`` and ``invocation_id`` are placeholders, filled per call),
+    then the event's own fields and payload; an event's ``evidence_status`` is the
+    record's, as ``append.lua`` folds it.
+    """
+    calls: list[tuple[list[EncodableT], int, int]] = []
+    stage = Stage.NEW
+    for event, event_hash_, payload in zip(events, hashes, payloads, strict=True):
+        kind = event_type(event)
+        dest = next_stage(stage, kind)
+        if dest is None:
+            raise ValueError(f"{kind} cannot follow {stage.value}")
+        fields: dict[EncodableT, EncodableT] = {
+            "stage": dest.value,
+            "status": STATUS_OF[dest].value,
+            "evidence_status": EvidenceStatus.PENDING.value,
+            "version": event.version,
+            "last_hash": event_hash_,
+            "updated_at_ms": event.at_ms,
+        }
+        if stage is Stage.NEW:
+            fields |= {"expires_at_ms": 0, "invocation_id": ""}
+        fields[f"e{event.version}"] = event.event_id
+        pairs = _pairs(event, payload)
+        fields.update(zip(pairs[::2], pairs[1::2], strict=True))
+        flat = [item for pair in fields.items() for item in pair]
+        calls.append((flat, TYPE_CODES[kind], STATUS_CODES[STATUS_OF[dest]]))
+        stage = dest
+    return calls

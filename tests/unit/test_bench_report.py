@@ -6,12 +6,28 @@ from typing import Any
 
 import pytest
 
-from canon.bench import evaluate_goals, goal_lines
-from canon.bench.report import spread
+from canon.bench import BenchOptions, evaluate_goals, goal_lines
+from canon.bench.report import GOALS, spread
+from canon.bench.runner import _durability, _scale_out
+
+#: Index of each goal in GOALS (and in the printed lines).
+WRITER, BOUNDARY, P99, MINIMAL, EVERYSEC, REDIS_CPU, CLIENT_CPU, ALWAYS = range(8)
+FIXED, PAYLOAD, LAG, SCALE_CPU, SCALE_BYTES = range(8, 13)
 
 
 def _ratios(value: float) -> dict[str, float]:
     return {"min": value, "median": value, "max": value}
+
+
+def _cell(
+    inv: float = 1.0, p99: float = 1.0, client: float = 1.0, server: float = 1.0
+) -> dict[str, Any]:
+    return {
+        "invocations_per_s": _ratios(inv),
+        "p99_ms": _ratios(p99),
+        "client_cpu_us": _ratios(client),
+        "server_cpu_us": _ratios(server),
+    }
 
 
 def _report(
@@ -19,18 +35,38 @@ def _report(
     writer: float = 1.5,
     boundary: float = 1.1,
     p99: float = 1.2,
+    minimal: float = 1.6,
+    everysec: float = 1.6,
+    redis_cpu: float = 1.2,
+    client_cpu: float = 1.4,
+    always: float = 1.1,
     fixed: float = 1800.0,
     payload: float = 1.1,
     lag: dict[str, Any] | None = None,
     scale: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
+    def minimal_at(tasks: str, rate: float) -> dict[str, Any]:
+        return {"minimal_naive": {"boundary": {tasks: _cell(inv=rate)}}}
+
     return {
         "ratios": {
-            "writer": {
-                "64": {"invocations_per_s": _ratios(writer), "p99_ms": _ratios(1.0)},
-                "16": {"invocations_per_s": _ratios(1.0), "p99_ms": _ratios(p99)},
+            "script_floor": {
+                "writer": {"64": _cell(inv=writer), "16": _cell(p99=p99)},
+                "boundary": {"64": _cell(inv=boundary)},
             },
-            "boundary": {"64": {"invocations_per_s": _ratios(boundary), "p99_ms": _ratios(1.0)}},
+            "minimal_naive": {
+                "boundary": {
+                    "1": _cell(server=1.7),
+                    "16": _cell(inv=minimal, server=redis_cpu),
+                    "64": _cell(server=0.9),
+                }
+            },
+            "minimal_sync": {"boundary": {"1": _cell(client=client_cpu)}},
+        },
+        "durability": {
+            "measured": True,
+            "everysec": {"ratios": minimal_at("16", everysec)},
+            "always": {"ratios": minimal_at("64", always)},
         },
         "memory": {"recommended": {"fixed_bytes": fixed, "payload_ratio": payload}},
         "projection_lag": lag or {"measured": True, "p99_ms": 40.0},
@@ -44,36 +80,68 @@ def _status(report: dict[str, Any]) -> list[str]:
 
 def test_a_report_meeting_every_goal_passes_all_but_the_unmeasured_scale() -> None:
     """Goals at or inside their thresholds PASS; 1M stored is N/A without its run."""
-    assert _status(_report()) == ["PASS"] * 6 + ["N/A", "N/A"]
+    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A"]
 
 
 @pytest.mark.parametrize(
     ("field", "value", "index"),
     [
-        ("writer", 1.29, 0),
-        ("boundary", 0.99, 1),
-        ("p99", 2.01, 2),
-        ("fixed", 2049.0, 3),
-        ("payload", 1.41, 4),
+        ("writer", 1.29, WRITER),
+        ("boundary", 0.99, BOUNDARY),
+        ("p99", 2.01, P99),
+        ("minimal", 1.49, MINIMAL),
+        ("everysec", 1.49, EVERYSEC),
+        ("redis_cpu", 1.31, REDIS_CPU),
+        ("client_cpu", 1.51, CLIENT_CPU),
+        ("always", 0.99, ALWAYS),
+        ("fixed", 2049.0, FIXED),
+        ("payload", 1.41, PAYLOAD),
     ],
 )
 def test_each_goal_is_short_just_past_its_threshold(field: str, value: float, index: int) -> None:
     """Just past its threshold a goal is SHORT and the others still PASS."""
     statuses = _status(_report(**{field: value}))
     assert statuses[index] == "SHORT"
-    assert statuses[:index] + statuses[index + 1 : 6] == ["PASS"] * 5
+    assert statuses[:index] + statuses[index + 1 : 11] == ["PASS"] * 10
 
 
 def test_thresholds_themselves_pass() -> None:
-    """Exactly 1.3x, 1.0x, 2x, 2 KiB and 1.4x meet their goals."""
-    report = _report(writer=1.3, boundary=1.0, p99=2.0, fixed=2048.0, payload=1.4)
-    assert _status(report)[:5] == ["PASS"] * 5
+    """Exactly 1.3x, 1.0x, 2x, 1.5x, 1.3x, 1.5x, 1.0x, 2 KiB and 1.4x meet their goals."""
+    report = _report(
+        writer=1.3,
+        boundary=1.0,
+        p99=2.0,
+        minimal=1.5,
+        everysec=1.5,
+        redis_cpu=1.3,
+        client_cpu=1.5,
+        always=1.0,
+        fixed=2048.0,
+        payload=1.4,
+    )
+    assert _status(report)[:10] == ["PASS"] * 10
+
+
+def test_the_redis_cpu_goal_gives_the_ratios_at_1_and_64_tasks_too() -> None:
+    """Judged at 16 tasks, the Redis CPU goal's line also names the ratio at 1 and 64."""
+    line = goal_lines(evaluate_goals(_report()))[REDIS_CPU]
+    assert line.endswith("- 1.7 at 1 task, 0.9 at 64 tasks")
+
+
+def test_unmeasured_durability_columns_make_their_goals_not_applicable() -> None:
+    """With --redis-url the everysec and always goals are N/A and say why; others judge."""
+    report = _report()
+    report["durability"] = {"measured": False, "reason": "--redis-url given"}
+    goals = evaluate_goals(report)
+    assert [goals[i]["status"] for i in (EVERYSEC, ALWAYS)] == ["N/A", "N/A"]
+    assert "durability columns not measured: --redis-url given" in goal_lines(goals)[ALWAYS]
+    assert goals[MINIMAL]["status"] == "PASS"
 
 
 def test_unmeasured_lag_is_not_applicable_with_its_reason() -> None:
     """Without projections the lag goal is N/A and says why."""
     report = _report(lag={"measured": False, "reason": "projections not available"})
-    goal = evaluate_goals(report)[5]
+    goal = evaluate_goals(report)[LAG]
     assert goal["status"] == "N/A"
     assert "projections not available" in goal_lines([goal])[0]
 
@@ -90,27 +158,43 @@ def _point(stored: int, cpu: float, size: float) -> dict[str, Any]:
 def test_scale_goals_compare_1m_with_10k_within_15_percent() -> None:
     """With 10k and 1M stored, Redis CPU per invocation and bytes are judged within 15 %."""
     points = [_point(10_000, 100.0, 5000.0), _point(1_000_000, 114.0, 5800.0)]
-    assert _status(_report(scale=points))[6:] == ["PASS", "SHORT"]
+    assert _status(_report(scale=points))[SCALE_CPU:] == ["PASS", "SHORT"]
     points = [_point(10_000, 100.0, 5000.0), _point(1_000_000, 116.0, 4300.0)]
-    assert _status(_report(scale=points))[6:] == ["SHORT", "PASS"]
+    assert _status(_report(scale=points))[SCALE_CPU:] == ["SHORT", "PASS"]
 
 
 def test_scale_goal_uses_the_pair_by_pair_ratio_when_the_sizes_ran_side_by_side() -> None:
     """Sizes measured side by side carry a pair-by-pair ratio; it decides, not the medians."""
     small, large = _point(10_000, 100.0, 5000.0), _point(1_000_000, 130.0, 5000.0)
-    assert _status(_report(scale=[small, large]))[6] == "SHORT"
+    assert _status(_report(scale=[small, large]))[SCALE_CPU] == "SHORT"
     large["server_cpu_ratio"] = 1.05
-    assert _status(_report(scale=[small, large]))[6] == "PASS"
+    assert _status(_report(scale=[small, large]))[SCALE_CPU] == "PASS"
     large["server_cpu_ratio"] = 1.2
-    assert _status(_report(scale=[small, large]))[6] == "SHORT"
+    assert _status(_report(scale=[small, large]))[SCALE_CPU] == "SHORT"
 
 
 def test_goal_lines_start_with_the_status() -> None:
     """Every printed goal line starts with PASS, SHORT or N/A and names its target."""
     lines = goal_lines(evaluate_goals(_report(writer=1.0)))
-    assert lines[0].startswith("SHORT writer lifecycle at concurrency 64")
+    assert lines[0].startswith("SHORT writer lifecycle at 64 tasks")
     assert "(target >= 1.3)" in lines[0]
+    assert "(target <= 2048 B)" in lines[FIXED] and "(target 0.85-1.15 x)" in lines[SCALE_CPU]
     assert all(line.split()[0] in {"PASS", "SHORT", "N/A"} for line in lines)
+
+
+def test_every_goal_has_its_own_name() -> None:
+    """The goal table names each goal once, so a printed line identifies its goal."""
+    names = [goal.name for goal in GOALS]
+    assert len(names) == len(set(names)) == 13
+
+
+async def test_a_given_server_leaves_out_the_durability_columns_and_scale_out() -> None:
+    """With --redis-url both sections say why they were not measured, starting nothing."""
+    options = BenchOptions.quick_run().on("redis://127.0.0.1:1/0", None)
+    durability = await _durability(options, print)
+    scale_out = await _scale_out(options, print)
+    assert durability["measured"] is False and "--redis-url" in durability["reason"]
+    assert scale_out["measured"] is False and "--redis-url" in scale_out["reason"]
 
 
 def test_spread_gives_min_median_max() -> None:

@@ -28,7 +28,11 @@ def test_wheel_contains_every_module_script_template_and_py_typed(tmp_path: path
     )
     (wheel,) = tmp_path.glob("*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
-    expected = {p.relative_to(ROOT).as_posix() for p in ROOT.glob("*/scripts/*.lua")}
+    expected = {
+        p.relative_to(ROOT).as_posix()
+        for package in PACKAGES
+        for p in (ROOT / package).rglob("scripts/*.lua")
+    }
     expected |= {f"{package}/py.typed" for package in PACKAGES}
     templates = {
         p.relative_to(ROOT).as_posix() for p in ROOT.glob("projections/console/templates/*.html")

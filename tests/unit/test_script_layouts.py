@@ -9,6 +9,7 @@ from typing import Any
 
 import pytest
 
+from canon.bench import minimal as bench_scripts
 from eventstore import scripts as store_scripts
 from eventstore.lua import Layout, LuaScript, ScriptFolder
 from projections import scripts as projection_scripts
@@ -17,6 +18,7 @@ from projections.scripts import ReceiptPut, ShardKeys, Unproduced, ViewPut
 FOLDERS: list[tuple[ScriptFolder, tuple[type[LuaScript], ...]]] = [
     (store_scripts.FOLDER, store_scripts.WRAPPERS),
     (projection_scripts.FOLDER, projection_scripts.WRAPPERS),
+    (bench_scripts.FOLDER, bench_scripts.WRAPPERS),
 ]
 WRAPPERS = [(folder, wrapper) for folder, wrappers in FOLDERS for wrapper in wrappers]
 
@@ -37,6 +39,7 @@ GROUP_SAMPLES: dict[str, dict[str, Any]] = {
     "append": {"fields": ["field", "value"]},
     "open_run": {"tools": [("tool", "tool_budget")]},
     "update_run": {"fields": ["field", "value"]},
+    "minimal_write": {"fields": ["field", "value"]},
     "dead_letter": {"fields": ["field", "value"]},
     "read_snapshots": {"invocations": [("record", "stream")], "fields": ["field"]},
     "receipts_put": {
@@ -121,7 +124,9 @@ def test_a_header_out_of_step_with_its_wrapper_is_caught() -> None:
     assert header_layout(swapped) != store_scripts.AppendScript.layout
 
 
-@pytest.mark.parametrize(("folder", "wrappers"), FOLDERS, ids=["eventstore", "projections"])
+@pytest.mark.parametrize(
+    ("folder", "wrappers"), FOLDERS, ids=["eventstore", "projections", "bench"]
+)
 def test_every_script_has_one_wrapper_and_every_other_file_is_included(
     folder: ScriptFolder, wrappers: tuple[type[LuaScript], ...]
 ) -> None:

@@ -1,0 +1,126 @@
+"""One throughput section: every mode at every concurrency, repeated, on one server.
+
+Used for the section without persistence and for each durability column. The modes run
+in rotating order within each repeat, and every mode's samples are compared with each
+reference's (:data:`~canon.bench.modes.REFERENCES`) pair by pair: repeat *i* against the
+reference's repeat *i* at the same concurrency, which cancels most of a shared
+machine's drift.
+"""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from redis.asyncio import Redis
+
+from canon.bench.modes import MODES, RATIO_METRICS, REFERENCES
+from canon.bench.report import spread
+from canon.bench.scale import delete_namespace
+from canon.bench.throughput import ThroughputBench
+from canon.bench.timing import Sample
+from canon.bench.workload import Payloads
+from eventstore.store import Store
+
+_MAX_CONNECTIONS = 256
+#: Samples by mode key, then by concurrency, in repeat order.
+Samples = dict[str, dict[int, list[Sample]]]
+
+
+@dataclass(frozen=True, slots=True)
+class Timing:
+    """How many repeats of each cell, and the warm-up and window of each run."""
+
+    repeats: int
+    warmup_s: float
+    duration_s: float
+
+
+def summary(samples: list[Sample]) -> dict[str, Any]:
+    """A cell's spreads over its repeats, and the invocations it counted."""
+    return {
+        "invocations_per_s": spread([s.invocations_per_s for s in samples]),
+        "p50_ms": spread([s.p50_ms for s in samples]),
+        "p99_ms": spread([s.p99_ms for s in samples]),
+        "client_cpu_us": spread([s.client_cpu_us for s in samples]),
+        "server_cpu_us": spread([s.server_cpu_us for s in samples]),
+        "invocations": sum(s.invocations for s in samples),
+    }
+
+
+def pair_ratios(samples: Samples, concurrency: tuple[int, ...]) -> dict[str, Any]:
+    """``{reference: {mode: {tasks: {metric: spread}}}}`` of the pair-by-pair ratios."""
+    ratios: dict[str, Any] = {}
+    for reference in REFERENCES:
+        ratios[reference] = {
+            mode: {
+                str(c): {
+                    metric: spread(
+                        [
+                            getattr(s, metric) / getattr(r, metric)
+                            for s, r in zip(by_c[c], samples[reference][c], strict=True)
+                            if getattr(r, metric)
+                        ]
+                    )
+                    for metric in RATIO_METRICS
+                }
+                for c in concurrency
+            }
+            for mode, by_c in samples.items()
+            if mode != reference
+        }
+    return ratios
+
+
+async def measure_throughput(
+    url: str,
+    concurrency: tuple[int, ...],
+    timing: Timing,
+    progress: Callable[[str], None],
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """Run every mode on ``url``; return ``{"throughput", "ratios"}`` and batching stats."""
+    keys = [mode.key for mode in MODES]
+    samples: Samples = {m: {c: [] for c in concurrency} for m in keys}
+    namespace = "bench" + secrets.token_hex(4)
+    bare = Redis.from_url(url)
+    store = Store.from_url(url, namespace=namespace, max_connections=_MAX_CONNECTIONS)
+    try:
+        async with store:
+            bench = ThroughputBench(store, Payloads.of(), bare=bare, url=url)
+            try:
+                await bench.prepare()
+                for repeat in range(timing.repeats):
+                    progress(f"throughput: repeat {repeat + 1} of {timing.repeats}")
+                    for tasks in concurrency:
+                        # Rotating the order spreads any drift across the modes.
+                        order = keys[repeat % len(keys) :] + keys[: repeat % len(keys)]
+                        for mode in order:
+                            sample = await bench.run(
+                                mode, repeat, tasks, timing.warmup_s, timing.duration_s
+                            )
+                            samples[mode][tasks].append(sample)
+                    await delete_namespace(bare, namespace)
+                    await store.check_namespace()
+            finally:
+                await bench.close()
+            stats = store.batch_stats
+    finally:
+        await delete_namespace(bare, namespace)
+        await bare.aclose()
+    section = {
+        "throughput": {
+            m: {str(c): summary(s) for c, s in by_c.items()} for m, by_c in samples.items()
+        },
+        "ratios": pair_ratios(samples, concurrency),
+    }
+    batching = {
+        "calls": stats.calls,
+        "round_trips": stats.round_trips,
+        "calls_per_round_trip": round(stats.calls / max(stats.round_trips, 1), 2),
+        "resends": stats.resends,
+        "reloads": stats.reloads,
+        "largest_batch": stats.largest_batch,
+    }
+    return section, batching
