@@ -203,7 +203,8 @@ class ScriptBatcher:
 
     def _flush_if_waiting(self) -> None:
         """Start lanes for calls still queued, if no lane or flush will take them."""
-        waiting = not self._lanes and any(not call.future.done() for call in self._queue)
+        queue = self._queue
+        waiting = queue and not self._lanes and any(not call.future.done() for call in queue)
         if waiting and not self._flush_scheduled:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)

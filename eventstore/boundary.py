@@ -41,7 +41,7 @@ from eventstore.registered_tools import RegisteredTool, call_tool_function, chec
 from eventstore.replay_duplicates import replay_duplicate
 from eventstore.store import Store
 from eventstore.tool_threads import ToolThreads
-from eventstore.tracing import TRACING, InvocationSpan
+from eventstore.tracing import InvocationSpan, tracing
 from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.failure_detail import FailureDetailPolicy
@@ -149,8 +149,8 @@ class ToolBoundary:
         trace = CallTrace(ctx, envelope, task)
         tool = self._tool_of(envelope)
         tool_name = envelope.tool if tool is not None else None
-        # Without the otel extra, nothing is built: the span costs one flag test.
-        span = InvocationSpan(tool_name, trace.ids) if TRACING else None
+        # Without the otel extra or a configured provider, no span is built.
+        span = InvocationSpan(tool_name, trace.ids) if tracing() else None
         try:
             reply = await self._invoke(ctx, envelope, trace)
         except Exception as exc:  # a bug of ours must still not reach the agent

@@ -123,20 +123,38 @@ class CanonLogger:
 
     """
 
-    __slots__ = ("_plain", "name")
+    __slots__ = ("_configured", "_plain", "_same_as", "name")
 
     def __init__(self, name: str) -> None:
         self.name = name
         self._plain = StdlibBoundLogger(logging.getLogger(name), _STDLIB_PROCESSORS, {})
+        self._configured: Any = None
+        self._same_as: tuple[Any, ...] = ()
 
     def bind(self, **fields: Any) -> Any:
         """Return a concrete logger for the configuration of now, carrying ``fields``.
 
         A caller that logs several events in a row (one tool call) binds once.
         """
-        if structlog.is_configured():
+        if not structlog.is_configured():
+            return self._plain.bind(**fields) if fields else self._plain
+        if fields:
             return structlog.get_logger(self.name).bind(**fields)
-        return self._plain.bind(**fields) if fields else self._plain
+        # Building a logger from the configuration costs more than the line it logs; the
+        # one built last is kept while the configuration's parts are the same objects.
+        config = structlog.get_config()
+        parts = (
+            config["processors"],
+            config["wrapper_class"],
+            config["logger_factory"],
+            config["context_class"],
+        )
+        if len(parts) != len(self._same_as) or any(
+            a is not b for a, b in zip(parts, self._same_as, strict=True)
+        ):
+            self._configured = structlog.get_logger(self.name).bind()
+            self._same_as = parts
+        return self._configured
 
     def is_enabled_for(self, level: int) -> bool:
         """Tell whether an event at ``level`` would be emitted now."""

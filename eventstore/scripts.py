@@ -12,10 +12,18 @@ from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from redis.asyncio import Redis
+from redis.exceptions import RedisError
 from redis.typing import EncodableT
 
 from eventstore.batching import ScriptBatcher, call_script
-from eventstore.errors import DeadlinePassed, RecordExpired, Refused, RunExists, redis_errors
+from eventstore.errors import (
+    DeadlinePassed,
+    RecordExpired,
+    Refused,
+    RunExists,
+    redis_errors,
+    store_error,
+)
 from eventstore.lua import KeysAndArgs, Layout, LuaScript, ScriptCall, ScriptFolder
 from eventstore.replies import reply_text
 from machine.codes import ErrorCode
@@ -141,8 +149,10 @@ class CreateScript(LuaScript):
             StoreUnavailable: Redis failed or timed out.
 
         """
-        async with redis_errors():
+        try:
             reply = await self._call(self.script, call[0], call[1])
+        except (RedisError, OSError) as exc:  # the hot path: no context manager to enter
+            raise store_error(exc) from None
         return _committed(reply)
 
 
@@ -214,8 +224,10 @@ class AppendScript(LuaScript):
             StoreUnavailable: Redis failed or timed out.
 
         """
-        async with redis_errors():
+        try:
             reply = await self._call(self.script, call[0], call[1])
+        except (RedisError, OSError) as exc:  # the hot path: no context manager to enter
+            raise store_error(exc) from None
         return _committed(reply)
 
 

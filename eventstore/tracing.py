@@ -22,7 +22,8 @@ It nests under whatever span is current when ``invoke`` is called. Arguments, ra
 responses and results are never recorded: they are payloads.
 
 Without the package, :data:`TRACING` is False and the boundary skips every call here:
-the import is tried once, when this module is imported.
+the import is tried once, when this module is imported. With the package but no tracer
+provider configured, :func:`tracing` is False and the boundary skips the span too.
 """
 
 from __future__ import annotations
@@ -54,6 +55,20 @@ _ID_ATTRIBUTES: Final = (
 )
 
 _tracer: Any = _trace.get_tracer(TRACER_NAME) if _trace is not None else None
+#: The providers that record nothing: the API's stand-in until an SDK provider is set.
+_SILENT: Final = (
+    (_trace.ProxyTracerProvider, _trace.NoOpTracerProvider) if _trace is not None else ()
+)
+
+
+def tracing() -> bool:
+    """Whether a call is traced now: the API is installed and a real provider is set.
+
+    With the API but no SDK provider (installed by a dependency, never configured),
+    every span would be a no-op built and ended for nothing; one check skips it. A
+    provider set later is seen by the next call.
+    """
+    return _trace is not None and not isinstance(_trace.get_tracer_provider(), _SILENT)
 
 
 class InvocationSpan:

@@ -8,7 +8,7 @@ already applied, which is what makes client-side retries safe.
 
 from __future__ import annotations
 
-import os
+import random
 import time
 from dataclasses import dataclass
 
@@ -42,8 +42,13 @@ def now_ms() -> int:
 
 
 def new_event_id() -> str:
-    """Return a fresh random event id (128 bits, hex)."""
-    return os.urandom(16).hex()
+    """Return a fresh random event id (128 bits, hex).
+
+    An event id only has to be unique (a re-sent event is recognised by it), never
+    secret: the module's generator, seeded from the OS and re-seeded in a forked child,
+    gives 128 bits without a system call per event.
+    """
+    return f"{random.getrandbits(128):032x}"
 
 
 @dataclass(frozen=True, slots=True)

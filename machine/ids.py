@@ -18,6 +18,7 @@ Unsafe ids are refused, never rewritten and never replaced by a generated id.
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import re
 from typing import Final, TypeGuard
@@ -67,6 +68,9 @@ def is_invocation_id(value: object) -> bool:
     return isinstance(value, str) and _INVOCATION_ID.fullmatch(value) is not None
 
 
+@functools.lru_cache(maxsize=256)
 def invocation_id(run_id: str, tool_call_id: str) -> str:
     """Return the public invocation id: SHA-256 of run id, a NUL, and the tool call id."""
+    # Memoized: one tool call asks for its id several times (its log lines, its record,
+    # its reply) within microseconds; a small cache answers all but the first.
     return hashlib.sha256(f"{run_id}\0{tool_call_id}".encode()).hexdigest()

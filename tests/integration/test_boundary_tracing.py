@@ -272,3 +272,32 @@ def test_without_the_package_nothing_is_imported_and_calls_work(redis_url: str, 
 
     assert result.returncode == 0, result.stderr[-2000:]
     assert result.stdout.strip().splitlines()[-1] == "ToolResult False []"
+
+
+UNCONFIGURED = textwrap.dedent(
+    """
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from eventstore import tracing
+
+    before = tracing.tracing()
+    trace.set_tracer_provider(TracerProvider())
+    print(before, tracing.tracing())
+    """
+)
+
+
+def test_with_the_package_but_no_provider_no_span_is_built():
+    """The API installed by some dependency but never configured: calls are not traced
+    (no no-op span built and ended per call); once a provider is set, the next call is."""
+    result = subprocess.run(
+        [sys.executable, "-c", UNCONFIGURED],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "True"]
