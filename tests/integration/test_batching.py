@@ -270,6 +270,27 @@ async def test_killed_connections_are_retried_without_double_writes(
         assert len(await private_store.events(run_id, f"call-{i}")) == 3
 
 
+async def test_one_call_at_a_time_goes_alone_on_its_kept_connection_and_survives_its_loss(
+    private_store: Store, private_server: EmbeddedRedis
+) -> None:
+    """With one call in flight each call is its own round trip on the one connection the
+    batcher keeps; when that connection is killed between calls, the next call is sent
+    again on a fresh one and every event still applies exactly once."""
+    run_id = await _open(private_store)
+    await _lifecycle(private_store, run_id, "warm")
+    stats = private_store.batch_stats
+    calls, round_trips = stats.calls, stats.round_trips
+    await _lifecycle(private_store, run_id, "alone")
+    assert (stats.calls - calls, stats.round_trips - round_trips, stats.largest_batch) == (3, 3, 1)
+    async with Redis.from_url(private_server.url) as admin:
+        assert await admin.client_kill_filter(_type="normal", skipme=True) >= 1
+    for i in range(3):
+        head = await _lifecycle(private_store, run_id, f"after-{i}")
+        assert head.version == 3
+        assert len(await private_store.events(run_id, f"after-{i}")) == 3
+    assert stats.resends >= 1
+
+
 async def test_an_unreachable_server_fails_every_caller_of_the_batch(
     private_server: EmbeddedRedis,
 ) -> None:
