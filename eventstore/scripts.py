@@ -76,6 +76,15 @@ def _committed(reply: Any) -> Committed:
     return Committed(int(reply[1]), reply_text(reply[2]), int(reply[3]))
 
 
+async def _commit(script: LuaScript, call: KeysAndArgs) -> Committed:
+    """Run a create or append script; its :class:`Committed`, or its refusal raised."""
+    try:
+        reply = await script._call(script.script, call[0], call[1])
+    except (RedisError, OSError) as exc:  # the hot path: no context manager to enter
+        raise store_error(exc) from None
+    return _committed(reply)
+
+
 class CreateScript(LuaScript):
     """``create.lua``: create an invocation with its Preflighted event."""
 
@@ -149,11 +158,7 @@ class CreateScript(LuaScript):
             StoreUnavailable: Redis failed or timed out.
 
         """
-        try:
-            reply = await self._call(self.script, call[0], call[1])
-        except (RedisError, OSError) as exc:  # the hot path: no context manager to enter
-            raise store_error(exc) from None
-        return _committed(reply)
+        return await _commit(self, call)
 
 
 class AppendScript(LuaScript):
@@ -224,11 +229,7 @@ class AppendScript(LuaScript):
             StoreUnavailable: Redis failed or timed out.
 
         """
-        try:
-            reply = await self._call(self.script, call[0], call[1])
-        except (RedisError, OSError) as exc:  # the hot path: no context manager to enter
-            raise store_error(exc) from None
-        return _committed(reply)
+        return await _commit(self, call)
 
 
 class OpenRunScript(LuaScript):
