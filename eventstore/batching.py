@@ -94,11 +94,14 @@ class ScriptBatcher:
         self._lanes = 0
         self._connected = 0  # lanes holding a connection
         self._in_flight: set[asyncio.Task[None]] = set()
-        # One connection kept between calls: taking one from the pool and giving it back
-        # costs more than the rest of a round trip when one call is in flight.
+        # Connections kept between calls: taking one from the pool and giving it back
+        # costs more than the rest of a round trip. At most one per lane, and never more
+        # than the pool has beyond a full set of lanes, so the store's other commands
+        # always find connections.
         self._idle: list[Connection] = []
         pool = getattr(client, "connection_pool", None)  # a cluster client has none
-        self._pool_size = int(getattr(pool, "max_connections", 0) or 0)
+        pool_size = int(getattr(pool, "max_connections", 0) or 0)
+        self._keep = max(0, min(max_lanes, pool_size - max_lanes))
         self._limit_s: float | None = None
         self._limit: Deadlines | None = None
         self.stats = BatchStats()
@@ -210,12 +213,12 @@ class ScriptBatcher:
             asyncio.get_running_loop().call_soon(self._flush)
 
     async def _keep_or_release(self, connection: Connection) -> None:
-        """Keep one connection for the next call, if the pool can spare it; else release it.
+        """Keep a lane's connection for the next lane, if the pool can spare it; else release it.
 
         A pool no larger than the lanes could be emptied by the batcher alone, and any
         other command of the store would wait for it: nothing is kept from such a pool.
         """
-        if not self._idle and self._max_lanes < self._pool_size:
+        if len(self._idle) < self._keep:
             self._idle.append(connection)
         else:
             await self._release(connection)

@@ -379,6 +379,55 @@ async def test_connections_kept_under_load_go_back_to_the_pool_when_it_ends(
         assert store.batch_stats.round_trips < store.batch_stats.calls
 
 
+async def test_a_steady_load_keeps_its_lanes_connections_and_takes_none_from_the_pool(
+    private_server: EmbeddedRedis,
+) -> None:
+    """The connections the lanes used are kept for the next lanes (one per lane): a second
+    burst like the first takes no connection from the pool, and closing the store gives
+    every kept one back."""
+    store = Store.from_url(private_server.url, namespace="kept")
+    async with store:
+        run_id = await _open(store)
+        pool: Any = store.client.connection_pool
+        await asyncio.gather(*(_lifecycle(store, run_id, f"warm-{i}") for i in range(64)))
+        await store._batcher.drain()  # white-box: every lane is done
+        taken = 0
+        get_connection = pool.get_connection
+
+        async def counted(*args: Any, **kwargs: Any) -> Any:
+            nonlocal taken
+            taken += 1
+            return await get_connection(*args, **kwargs)
+
+        pool.get_connection = counted
+        try:
+            heads = await asyncio.gather(
+                *(_lifecycle(store, run_id, f"call-{i}") for i in range(64))
+            )
+        finally:
+            del pool.get_connection
+        assert {head.version for head in heads} == {3}
+        assert store.batch_stats.largest_batch > 1
+        assert taken == 0
+    assert pool._in_use_connections == set()  # white-box: nothing is held after close
+
+
+async def test_a_small_pool_keeps_a_full_set_of_connections_for_the_rest_of_the_store(
+    private_server: EmbeddedRedis,
+) -> None:
+    """From a pool of ten the batcher keeps at most two between bursts (what is left beyond
+    its eight lanes): eight connections can still be taken at once right after one."""
+    store = Store.from_url(private_server.url, namespace="small", max_connections=10)
+    async with store:
+        run_id = await _open(store)
+        pool: Any = store.client.connection_pool
+        await asyncio.gather(*(_lifecycle(store, run_id, f"call-{i}") for i in range(64)))
+        await store._batcher.drain()
+        held = [await asyncio.wait_for(pool.get_connection(), timeout=5) for _ in range(8)]
+        for connection in held:
+            await pool.release(connection)
+
+
 def test_a_cluster_client_is_not_batched() -> None:
     """A cluster client's calls go out one by one (cluster pipelines split by node)."""
     client = RedisCluster(host="127.0.0.1", port=1)
