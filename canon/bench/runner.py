@@ -110,8 +110,9 @@ class BenchOptions:
             warmup_s=0.3,
             duration_s=1.5,
             concurrency=(1, 16, 64),
-            # Fewer and shorter samples with persistence: three sections must fit the time.
-            durability_repeats=2,
+            # Shorter samples with persistence, but four of them: a goal judged on the
+            # median of two pairs moved by a fifth between runs of the same code.
+            durability_repeats=4,
             durability_warmup_s=0.2,
             durability_duration_s=1.0,
             memory_invocations=5_000,
