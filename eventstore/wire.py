@@ -152,13 +152,22 @@ async def _round_trip(
     """
     stats.largest_batch = max(stats.largest_batch, len(batch))
     packed = [call.packed for call in batch]
-    attempts = 0
+    stats.round_trips += 1
+    try:
+        return await exchange(connection, packed, limit)
+    except Exception as exc:  # the Retry below decides what is retried, exactly as before
+        failure: Exception | None = exc
 
     async def attempt() -> list[Any]:
-        nonlocal attempts
-        attempts += 1
+        # The first attempt was made above, outside the Retry (no closure, no retry frame
+        # while all goes well): its failure is replayed as this attempt's, so the Retry
+        # counts, backs off, disconnects and gives up exactly as if it had made it.
+        nonlocal failure
+        if failure is not None:
+            error, failure = failure, None
+            raise error
         stats.round_trips += 1
-        stats.resends += attempts > 1
+        stats.resends += 1
         return await exchange(connection, packed, limit)
 
     replies: list[Any] = await connection.retry.call_with_retry(

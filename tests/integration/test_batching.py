@@ -306,6 +306,23 @@ async def test_an_unreachable_server_fails_every_caller_of_the_batch(
         assert all(isinstance(result, StoreUnavailable) for result in results)
 
 
+async def test_a_lone_call_to_a_gone_server_is_tried_as_often_as_the_client_retry_says(
+    private_server: EmbeddedRedis,
+) -> None:
+    """The client's Retry (three retries) decides: one call to a stopped server makes four
+    attempts, three of them re-sends, then fails with StoreUnavailable."""
+    store = Store.from_url(private_server.url, namespace="retried", timeout_s=0.5)
+    async with store:
+        run_id = await _open(store)
+        await _lifecycle(store, run_id, "warm")  # a kept connection, to a live server
+        stats = store.batch_stats
+        round_trips, resends = stats.round_trips, stats.resends
+        private_server.stop()
+        with pytest.raises(StoreUnavailable):
+            await store.writer.create(run_id, "call-1", TOOL, REQUEST)
+        assert (stats.round_trips - round_trips, stats.resends - resends) == (4, 3)
+
+
 async def test_a_stalled_server_times_out_the_batch_and_every_caller_hears_it(
     private_server: EmbeddedRedis,
 ) -> None:
