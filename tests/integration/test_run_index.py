@@ -126,17 +126,25 @@ async def test_the_index_expires_with_its_runs_and_trims_the_expired(
     """The index key expires with the shard's latest run; an open trims entries older
     than the longest run lifetime the shard has seen."""
     store: Store = make_store(shards=1, ttl=timedelta(milliseconds=200))
-    await store.open_run("run-old", deadline=timedelta(milliseconds=100))
+    # A first command sets up the client (a cluster client reads the cluster's layout):
+    # done before the deadline is taken, so the run is opened well inside it.
+    assert await store.run_info("run-old") is None
+    opened = await store.open_run("run-old", deadline=timedelta(milliseconds=500))
+    answered = now_ms()
     index = store.keys.run_index(0)
-    assert 0 < await redis.pttl(index) <= 300
+    # Gone already (a loaded machine) proves an expiry as well as a TTL left does.
+    assert await redis.pttl(index) in (-2, *range(1, 701))
+    # The run's lifetime from the moment the script ran (deadline + TTL, 700 ms from the
+    # deadline's computation): the script ran after that and before the answer came.
     lifetime = int(await redis.hget(store.keys.control(0), "run_lifetime_ms"))
-    assert 250 <= lifetime <= 300
+    assert opened.expires_at_ms - opened.deadline_ms == 200
+    assert opened.expires_at_ms - answered <= lifetime <= 700
 
     async def old_run_gone() -> bool:  # deadline + TTL passed: its hash expired
         return int(await redis.exists(store.keys.run("run-old"))) == 0
 
     await wait_for(old_run_gone, 5)
-    await store.open_run("run-new", deadline=timedelta(milliseconds=100))
+    await store.open_run("run-new", deadline=timedelta(milliseconds=500))
     assert await redis.zrange(index, 0, -1) == [b"run-new"]
 
 
