@@ -5,13 +5,13 @@ These refusals come from the creation script; each runs nothing and creates no k
 
 from __future__ import annotations
 
-import asyncio
 from datetime import timedelta
 from typing import Any
 
 from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary
+from eventstore.writer import now_ms
 from machine.codes import ErrorCode
 from tests.helpers import record_fields
 from tests.support.calls import (
@@ -23,6 +23,7 @@ from tests.support.calls import (
     outcome,
 )
 from tests.support.tools import FakeTool, namespace_keys
+from tests.support.waiting import wait_for
 
 
 async def test_run_never_opened_is_inactive(store: Store, redis: Redis, namespace: str):
@@ -52,9 +53,9 @@ async def test_closed_run_is_inactive(store: Store, redis: Redis, namespace: str
 async def test_run_past_its_deadline_is_refused(store: Store, redis: Redis, namespace: str):
     """A call after the run's deadline is RUN_DEADLINE_EXPIRED."""
     tool = FakeTool()
-    await open_run(store, deadline=timedelta(milliseconds=300))
+    opened = await store.open_run(RUN, deadline=timedelta(milliseconds=500))
     boundary = ToolBoundary(store, {TOOL: tool.spec()})
-    await asyncio.sleep(0.4)
+    await wait_for(lambda: now_ms() > opened.deadline_ms + 5)
 
     await assert_refused_before_execution(
         boundary,
@@ -111,16 +112,17 @@ async def test_duplicate_is_refused_after_the_first_record_expired(
 ):
     """A tool_call_id stays used for the run's life: reusing it after its record expired is
     DUPLICATE_TOOL_CALL and recreates nothing."""
-    store = make_store(ttl=timedelta(milliseconds=300))
+    # Long enough for the call to end READY on a loaded machine, short enough to wait out.
+    store = make_store(ttl=timedelta(seconds=1))
     tool = FakeTool()
     await open_run(store)
     boundary = ToolBoundary(store, {TOOL: tool.spec()})
     assert outcome(await boundary.invoke(RunContext(RUN), envelope())) == "READY"
-    for _ in range(50):
-        if await store.get(RUN, "call_1") is None:
-            break
-        await asyncio.sleep(0.05)
-    assert await store.get(RUN, "call_1") is None
+
+    async def record_gone() -> bool:
+        return await store.get(RUN, "call_1") is None
+
+    await wait_for(record_gone)
 
     await assert_refused_before_execution(
         boundary,

@@ -23,11 +23,12 @@ from eventstore.errors import (
 )
 from eventstore.scripts import Scripts
 from eventstore.store import Store
-from eventstore.writer import Head
+from eventstore.writer import Head, now_ms
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import GENESIS_HASH
 from machine.ids import MAX_ID_LENGTH, MAX_TOOL_CALL_ID_BYTES
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, namespace_keys, open_store
+from tests.support.waiting import wait_for
 
 RUN = "run-1"
 Setup = Callable[[Store], Awaitable[None]]
@@ -52,8 +53,8 @@ async def _paused(store: Store) -> None:
 
 
 async def _past_deadline(store: Store) -> None:
-    await store.open_run(RUN, deadline=timedelta(milliseconds=150))
-    await asyncio.sleep(0.25)
+    opened = await store.open_run(RUN, deadline=timedelta(milliseconds=500))
+    await wait_for(lambda: now_ms() > opened.deadline_ms + 5)
 
 
 async def _tool_budget_spent(store: Store) -> None:

@@ -99,7 +99,7 @@ async def test_a_summary_counts_calls_by_outcome_and_budget(make_store: Any) -> 
             await store.writer.fail(head, ErrorCode.EXECUTION_FAILED)
     await store.open_run("run-b", deadline=timedelta(minutes=5))
     await store.close_run("run-b")
-    expired = await store.open_run("run-c", deadline=timedelta(milliseconds=30))
+    expired = await store.open_run("run-c", deadline=timedelta(milliseconds=500))
     # Past run-c's deadline; its hash lives on for the record TTL.
     await wait_for(lambda: now_ms() > expired.deadline_ms + 5)
     runs = {run.run_id: run for run in (await list_runs(store)).runs}
