@@ -82,6 +82,10 @@ class Threads:
             self._errors.append(exc)
             self._stopping.set()
 
+    def finished(self) -> float:
+        """Invocations finished inside the window so far (each thread's own count)."""
+        return float(sum(self._counts))
+
     def _join(self) -> None:
         for thread in self._threads:
             thread.join(_JOIN_TIMEOUT_S)
