@@ -48,4 +48,6 @@ python3 -m venv .venv
 .venv/bin/ruff check .
 .venv/bin/ruff format --check .
 .venv/bin/mypy
-exec .venv/bin/pytest "$@"
+# One worker per core (at most four), whole files to one worker: a module's fixtures
+# (the quick benchmark's run, say) are built once. The slowest tests are listed at the end.
+exec .venv/bin/pytest -n auto --maxprocesses=4 --dist loadfile --durations=20 "$@"

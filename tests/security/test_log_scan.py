@@ -134,14 +134,29 @@ def test_takes_the_scan_off_the_root_logger():
 }
 
 
-def run_child_session(tmp_path: pathlib.Path, tests: str) -> subprocess.CompletedProcess[str]:
-    """Run pytest in a child process on ``tests`` with the suite's log scan as its conftest."""
+_LEAKING_TESTS = """import pytest
+import structlog
+
+@pytest.mark.parametrize("number", range(20))
+def test_logs_one_event(number):
+    detail = "PAYLOAD-MARKER" if number == 13 else "nothing to see"
+    structlog.get_logger("child").info("probe_logged", detail=detail)
+"""
+
+
+def run_child_session(
+    tmp_path: pathlib.Path, tests: str, *options: str
+) -> subprocess.CompletedProcess[str]:
+    """Run pytest in a child process on ``tests`` with the suite's log scan as its conftest.
+
+    ``options`` go to pytest (``-n 2``: two pytest-xdist workers, as the suite runs).
+    """
     plugin = pathlib.Path(__file__).parents[1] / "support" / "log_scan.py"
     shutil.copy(plugin, tmp_path / "conftest.py")
     (tmp_path / "pytest.ini").write_text(_CHILD_SETTINGS)
     (tmp_path / "test_child.py").write_text(tests)
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(tmp_path)],
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", *options, str(tmp_path)],
         cwd=tmp_path,
         capture_output=True,
         text=True,
@@ -169,3 +184,25 @@ def test_a_scan_that_stops_receiving_logs_fails_the_run(tmp_path: pathlib.Path, 
     assert "1 passed" in child.stdout
     assert "log scan FAILED: a probe of" in child.stdout
     assert "the scan is not receiving the logs" in child.stdout
+
+
+def test_with_workers_a_leak_in_either_worker_fails_the_run(tmp_path: pathlib.Path) -> None:
+    """Under two pytest-xdist workers the controller adds up both scans: the one leak fails
+    the run, named with its test, and the summary counts every test of the session."""
+    child = run_child_session(tmp_path, _LEAKING_TESTS, "-n", "2")
+    assert child.returncode == pytest.ExitCode.TESTS_FAILED, child.stdout[-2000:]
+    assert "20 passed" in child.stdout
+    assert "20 tests, 1 leaks" in child.stdout
+    assert "log scan FAILED: test_child.py::test_logs_one_event[13]" in child.stdout
+
+
+@pytest.mark.parametrize("path", _UNWIRING_TESTS)
+def test_with_workers_a_scan_cut_off_in_a_worker_fails_the_run(
+    tmp_path: pathlib.Path, path: str
+) -> None:
+    """A worker whose scan stops receiving logs fails the whole run, which names the worker."""
+    child = run_child_session(tmp_path, _UNWIRING_TESTS[path], "-n", "2")
+    assert child.returncode == pytest.ExitCode.TESTS_FAILED, child.stdout[-2000:]
+    assert "1 passed" in child.stdout
+    assert "log scan FAILED: a probe of" in child.stdout
+    assert "(worker gw" in child.stdout

@@ -8,6 +8,10 @@ that is configured then (the one every library logger uses) and one probe record
 the stdlib root logger; the run fails unless the scan counted both. Counting the session's
 events instead would depend on which tests were selected.
 
+With pytest-xdist each worker scans what its own tests log and probes its own chain at
+its end; the controller adds up what every worker saw, so one leak or one unwired probe
+anywhere fails the run, and the summary line counts the whole session.
+
 Tests import :data:`LOG_FORBIDDEN` and :func:`forbid_in_logs` from here.
 """
 
@@ -40,6 +44,24 @@ class LogScan:
     leaks: list[str] = field(default_factory=list)
     #: What the end-of-session probe found not scanned (empty: the scan is wired).
     unwired: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        """What a pytest-xdist worker hands its controller at its end."""
+        return {
+            "structlog_events": self.structlog_events,
+            "stdlib_records": self.stdlib_records,
+            "tests": self.tests,
+            "leaks": self.leaks,
+            "unwired": self.unwired,
+        }
+
+    def add(self, worker: str, seen: dict[str, Any]) -> None:
+        """Add what the worker named ``worker`` saw (its :meth:`to_json`)."""
+        self.structlog_events += seen["structlog_events"]
+        self.stdlib_records += seen["stdlib_records"]
+        self.tests += seen["tests"]
+        self.leaks += seen["leaks"]
+        self.unwired += [f"{part} (worker {worker})" for part in seen["unwired"]]
 
     def check(self, source: str, text: str, has_trace: bool) -> None:
         """Record a leak for each forbidden fragment in ``text`` (and for a trace)."""
@@ -167,10 +189,24 @@ def probe_scan() -> list[str]:
     return unwired
 
 
+@pytest.hookimpl(optionalhook=True)
+def pytest_testnodedown(node: Any, error: Any) -> None:
+    """pytest-xdist controller: add up what a finished worker's scan saw."""
+    seen = getattr(node, "workeroutput", {}).get("log_scan")
+    name = str(getattr(node, "gateway", None) and node.gateway.id)
+    if seen is None:  # a worker that crashed before its end reported nothing
+        LOG_SCAN.unwired.append(f"every log of worker {name}")
+    else:
+        LOG_SCAN.add(name, seen)
+
+
 def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
     """Fail the run if any log leaked, or if the scan no longer receives the logs."""
     LOG_SCAN.current_test = "(session end)"
-    LOG_SCAN.unwired = probe_scan()
+    LOG_SCAN.unwired += probe_scan()
+    workeroutput = getattr(session.config, "workeroutput", None)
+    if workeroutput is not None:  # a pytest-xdist worker: its controller decides
+        workeroutput["log_scan"] = LOG_SCAN.to_json()
     if LOG_SCAN.leaks or LOG_SCAN.unwired:
         session.exitstatus = pytest.ExitCode.TESTS_FAILED
 
