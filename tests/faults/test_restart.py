@@ -18,6 +18,7 @@ from eventstore.contracts import ToolError, ToolResult, ToolSpec
 from eventstore.embedded import EmbeddedRedis
 from eventstore.writer import Head
 from machine.codes import ErrorCode, Status
+from tests.helpers import wait_until
 
 #: Command timeout of the store under test; the boundary allows twice this per write.
 TIMEOUT_S = 0.3
@@ -114,15 +115,21 @@ async def test_committed_appends_survive_a_crash_and_calls_recover(
         load = Load(ToolBoundary(store, {TOOL: ToolSpec(executor=executor, projector=projector)}))
         callers = [asyncio.create_task(load.caller(n)) for n in range(CONCURRENCY)]
 
-        await asyncio.sleep(0.6)
+        await wait_until(lambda: len(committed) > 30)  # the load got going
         before_crash = len(committed)
         server.kill()
         killed_at = time.monotonic()
-        await asyncio.sleep(1.0)
+        # Down until a call made wholly during the outage has been answered.
+        await wait_until(lambda: any(c.started > killed_at + 0.2 for c in load.calls))
         restarting_at = time.monotonic()
         server.start()
         restarted_at = time.monotonic()
-        await asyncio.sleep(1.5)
+        # Up until a call started well after the restart has succeeded.
+        await wait_until(
+            lambda: any(
+                c.started > restarted_at + 0.5 and outcome(c) == "READY" for c in load.calls
+            )
+        )
         load.stopping.set()
         await asyncio.wait_for(asyncio.gather(*callers), 30)
 
