@@ -192,8 +192,7 @@ def probe_scan() -> list[str]:
 @pytest.hookimpl(optionalhook=True)
 def pytest_testnodedown(node: Any, error: Any) -> None:
     """pytest-xdist controller: add up what a finished worker's scan saw."""
-    seen = getattr(node, "workeroutput", {}).get("log_scan")
-    name = str(getattr(node, "gateway", None) and node.gateway.id)
+    seen, name = getattr(node, "workeroutput", {}).get("log_scan"), node.gateway.id
     if seen is None:  # a worker that crashed before its end reported nothing
         LOG_SCAN.unwired.append(f"every log of worker {name}")
     else:
