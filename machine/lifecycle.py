@@ -82,6 +82,8 @@ def lua_tables() -> str:
     Feed entries carry an event type and a status as their permanent codes
     (:data:`machine.compact.TYPE_CODES`, :data:`machine.compact.STATUS_CODES`): one byte
     each in the feed's listpack instead of the names, which keeps more entries per node.
+    The codes are Lua strings: they only go to Redis, and a Lua number sent to Redis is
+    formatted as a float on every call.
     """
     rows = [
         f'  ["{src.value}|{trigger}"] = "{dest.value}",'
@@ -89,9 +91,9 @@ def lua_tables() -> str:
     ]
     statuses = [f'  ["{stage.value}"] = "{status.value}",' for stage, status in STATUS_OF.items()]
     status_codes = [
-        f'  ["{stage.value}"] = {STATUS_CODES[status]},' for stage, status in STATUS_OF.items()
+        f'  ["{stage.value}"] = "{STATUS_CODES[status]}",' for stage, status in STATUS_OF.items()
     ]
-    type_codes = [f'  ["{kind}"] = {code},' for kind, code in TYPE_CODES.items()]
+    type_codes = [f'  ["{kind}"] = "{code}",' for kind, code in TYPE_CODES.items()]
     evidence = [
         f'  ["{stage.value}|{ev.value}"] = true,'
         for stage, allowed in EVIDENCE_ALLOWED.items()

@@ -34,12 +34,14 @@
 -- @include feed_trim
 
 local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
-local event_type, version, event_id = ARGV[1], tonumber(ARGV[2]), ARGV[3]
+-- Numbers only where they are compared: a Lua number sent to Redis is formatted as a float.
+local event_type, version_text, event_id = ARGV[1], ARGV[2], ARGV[3]
+local version = tonumber(version_text)
 local prev_hash, event_hash, event_data, at_ms = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local retention_ms, run_id, tool_call_id = tonumber(ARGV[8]), ARGV[9], ARGV[10]
 
 local rec = redis.call('HMGET', record, 'stage', 'version', 'last_hash', 'expires_at_ms',
-  'e' .. version)
+  'e' .. version_text)
 if not rec[1] or redis.call('EXISTS', stream) == 0 then
   return {'refused', 'RECORD_EXPIRED', 0}
 end
@@ -77,8 +79,8 @@ if not EVIDENCE_ALLOWED[dest .. '|' .. evidence] then
 end
 
 redis.call('HSET', record, 'stage', dest, 'status', STATUS_OF[dest], 'evidence_status', evidence,
-  'version', version, 'last_hash', event_hash, 'updated_at_ms', at_ms, 'e' .. version, event_id,
-  unpack(fields))
+  'version', version_text, 'last_hash', event_hash, 'updated_at_ms', at_ms,
+  'e' .. version_text, event_id, unpack(fields))
 redis.call('XADD', stream, '*', 'e', event_data)
 
 if dest == 'READY' or dest == 'ERROR' then
@@ -92,7 +94,7 @@ end
 local now = redis.call('TIME')
 local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local feed_id = redis.call('XADD', feed, '*',
-  'r', run_id, 'c', tool_call_id, 'v', version, 't', FEED_TYPE_CODE[event_type],
+  'r', run_id, 'c', tool_call_id, 'v', version_text, 't', FEED_TYPE_CODE[event_type],
   's', FEED_STATUS_CODE[dest])
 trim_feed(feed, now_ms, retention_ms)
 return {'ok', version, feed_id, tonumber(rec[4])}

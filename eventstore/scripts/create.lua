@@ -83,21 +83,24 @@ for i = 13, #ARGV, 2 do
   fields[#fields + 1] = ARGV[i + 1]
 end
 
-redis.call('HINCRBY', run, 'used_total', 1)
-redis.call('HINCRBY', run, used_field, 1)
+redis.call('HINCRBY', run, 'used_total', '1')
+redis.call('HINCRBY', run, used_field, '1')
 redis.call('HSET', run, 'inv:' .. invocation_id, tool_call_id)
 
 local expires_at_ms = now_ms + ttl_ms
+-- Formatted once as an integer: a Lua number sent to Redis is formatted as a float.
+local expires_at = string.format('%d', expires_at_ms)
 local stage = TRANSITIONS['NEW|Preflighted']
 redis.call('HSET', record, 'stage', stage, 'status', STATUS_OF[stage],
-  'evidence_status', 'PENDING', 'version', 1, 'last_hash', event_hash,
-  'updated_at_ms', at_ms, 'expires_at_ms', expires_at_ms, 'invocation_id', invocation_id,
+  'evidence_status', 'PENDING', 'version', '1', 'last_hash', event_hash,
+  'updated_at_ms', at_ms, 'expires_at_ms', expires_at, 'invocation_id', invocation_id,
   'e1', event_id, unpack(fields))
-redis.call('PEXPIREAT', record, expires_at_ms)
+redis.call('PEXPIREAT', record, expires_at)
 redis.call('XADD', stream, '*', 'e', event_data)
-redis.call('PEXPIREAT', stream, expires_at_ms)
+redis.call('PEXPIREAT', stream, expires_at)
 
 local feed_id = redis.call('XADD', feed, '*',
-  'r', run_id, 'c', tool_call_id, 'v', 1, 't', FEED_TYPE_CODE['Preflighted'], 's', FEED_STATUS_CODE[stage])
+  'r', run_id, 'c', tool_call_id, 'v', '1', 't', FEED_TYPE_CODE['Preflighted'],
+  's', FEED_STATUS_CODE[stage])
 trim_feed(feed, now_ms, retention_ms)
 return {'ok', 1, feed_id, expires_at_ms}
