@@ -9,7 +9,8 @@ lane sends. The batcher keeps the connections its lanes used (at most ``max_lane
 for the next lanes, and gives them back to the pool when it is closed: taking one from
 the pool and giving it back costs more than the rest of a round trip. A call made while
 nothing is in flight skips the queue: it is sent at once from its caller's own task, on a
-kept connection, so one call at a time pays for no flush, lane task or future. Each
+kept connection, so one call at a time pays for no flush, lane task or future (nor an
+extra turn of the loop, unless something else is ready to run in this one). Each
 caller gets its own reply or its own exception: one failing script never fails its
 neighbours. No task or future is ever left with an exception nobody retrieves: every
 future is settled by the lane that took it or cancelled with its caller, and every lane's
@@ -142,7 +143,7 @@ class ScriptBatcher:
         call = Call(script, packed_args, packed, future)
         self._queue.append(call)
         if not self._lanes and not self._flush_scheduled:
-            return await self._lead(call)
+            return await self._lead(call, loop)
         if not self._flush_scheduled:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
@@ -159,23 +160,27 @@ class ScriptBatcher:
         while self._idle:
             await self._release(self._idle.pop())
 
-    async def _lead(self, call: Call) -> Any:
+    async def _lead(self, call: Call, loop: asyncio.AbstractEventLoop) -> Any:
         """Send the first call made while nothing is in flight from its caller's own task.
 
-        The caller lets the rest of its turn run first (one ``sleep(0)``), so that calls
-        made in the same turn still share a round trip: if any came, they and this call
-        go to lanes as usual. Alone, it is sent at once, with no flush and no lane task.
-        A cancellation already requested arrives at that ``sleep(0)``, before anything
-        is sent.
+        If anything else is ready to run in this turn of the loop, the caller lets it run
+        first (one ``sleep(0)``), so that calls made in the same turn still share a round
+        trip: if any came, they and this call go to lanes as usual. So does a caller
+        with a cancellation requested: it arrives at that ``sleep(0)``, before anything
+        is sent. Otherwise no other call can join before the loop next polls, so the
+        call is sent at once: one call at a time pays for no extra turn of the loop.
+        Alone, it goes with no flush and no lane task.
         """
         self._lanes += 1  # counted as a lane: calls made meanwhile queue behind it
-        try:
-            await asyncio.sleep(0)
-        except BaseException:
-            self._lanes -= 1
-            call.future.cancel()  # never sent: the queue skips it
-            self._flush_if_waiting()
-            raise
+        task = asyncio.current_task(loop)
+        if _turn_has_more(loop) or (task is not None and task.cancelling()):
+            try:
+                await asyncio.sleep(0)
+            except BaseException:
+                self._lanes -= 1
+                call.future.cancel()  # never sent: the queue skips it
+                self._flush_if_waiting()
+                raise
         if len(self._queue) > 1 or self._queue[0] is not call:
             self._lanes -= 1  # company came: every queued call goes to the lanes
             self._flush_if_waiting()
@@ -326,6 +331,16 @@ class ScriptBatcher:
                 call.future.set_exception(reply)
             else:
                 call.future.set_result(reply)
+
+
+def _turn_has_more(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether anything else may still run in this turn of ``loop``, before its next poll.
+
+    asyncio's own loops keep what is ready to run in ``_ready``; a loop without it
+    (uvloop) is taken to have more, which costs one ``sleep(0)`` and nothing else.
+    """
+    ready = getattr(loop, "_ready", None)
+    return ready is None or bool(ready)
 
 
 async def _answer(future: asyncio.Future[Any]) -> Any:

@@ -32,6 +32,7 @@ EXCLUDED = {
     "test_a_short_stall_is_ridden_out_by_the_retries": _OWN_SERVER,
     "test_connections_kept_under_load_go_back_to_the_pool_when_it_ends": _OWN_SERVER,
     "test_at_most_max_lanes_pipelines_are_in_flight_each_on_one_connection": _NOT_BATCHED,
+    "test_a_lone_call_with_nothing_else_to_run_costs_no_extra_turn_of_the_loop": _NOT_BATCHED,
     "test_lanes_and_batches_must_be_at_least_one": (
         "builds batchers only, touching no server; it already runs once"
     ),

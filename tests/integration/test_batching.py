@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import selectors
 from collections.abc import AsyncIterator, Callable, Coroutine, Iterator
 from datetime import timedelta
 from typing import Any
@@ -289,6 +290,46 @@ async def test_one_call_at_a_time_goes_alone_on_its_kept_connection_and_survives
         assert head.version == 3
         assert len(await private_store.events(run_id, f"after-{i}")) == 3
     assert stats.resends >= 1
+
+
+class _CountingSelector(selectors.DefaultSelector):
+    """The loop's selector, counting how often the loop polls: once per turn."""
+
+    polls = 0
+
+    def select(self, timeout: float | None = None) -> list[Any]:
+        self.polls += 1
+        return super().select(timeout)
+
+
+def test_a_lone_call_with_nothing_else_to_run_costs_no_extra_turn_of_the_loop(
+    redis_url: str, namespace: str
+) -> None:
+    """One call at a time, with nothing else ready to run, takes two turns of the loop:
+    one that waits for the reply and one that resumes its caller; none before it is sent."""
+    selector = _CountingSelector()
+    loop = asyncio.SelectorEventLoop(selector)
+
+    async def polls_per_call() -> float:
+        client = Redis.from_url(redis_url)
+        batcher = ScriptBatcher(client)
+        incr = client.register_script(INCR)
+        key = f"{namespace}:lone"
+        try:
+            await batcher.call(incr, [key], [])  # connects and loads the script
+            before = selector.polls
+            for _ in range(10):
+                await batcher.call(incr, [key], [])
+            return (selector.polls - before) / 10
+        finally:
+            await batcher.close()
+            await client.delete(key)
+            await client.aclose()
+
+    try:
+        assert loop.run_until_complete(polls_per_call()) == 2
+    finally:
+        loop.close()
 
 
 async def test_an_unreachable_server_fails_every_caller_of_the_batch(
