@@ -172,8 +172,7 @@ class ScriptBatcher:
         Alone, it goes with no flush and no lane task.
         """
         self._lanes += 1  # counted as a lane: calls made meanwhile queue behind it
-        task = asyncio.current_task(loop)
-        if _turn_has_more(loop) or (task is not None and task.cancelling()):
+        if _turn_has_more(loop) or _cancel_pending(loop):
             try:
                 await asyncio.sleep(0)
             except BaseException:
@@ -341,6 +340,12 @@ def _turn_has_more(loop: asyncio.AbstractEventLoop) -> bool:
     """
     ready = getattr(loop, "_ready", None)
     return ready is None or bool(ready)
+
+
+def _cancel_pending(loop: asyncio.AbstractEventLoop) -> bool:
+    """Whether the running task of ``loop`` has a cancellation requested."""
+    task = asyncio.current_task(loop)
+    return task is not None and task.cancelling() > 0
 
 
 async def _answer(future: asyncio.Future[Any]) -> Any:
