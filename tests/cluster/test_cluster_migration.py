@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import contextlib
+import gc
 import itertools
 import json
+from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any, cast
 
@@ -20,7 +23,7 @@ from machine.fold import fold_all
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, read_view
 from tests.cluster.harness import ClusterNode, LocalCluster
-from tests.helpers import record_fields
+from tests.helpers import record_fields, wait_until
 from tests.support.calls import envelope, outcome
 from tests.support.tools import FakeTool
 
@@ -39,6 +42,24 @@ PIPELINE = 1
 #: enough (about 0.3 s on an idle machine) for the load to meet it for certain, and stays
 #: well under the store's 2 s redirect budget on a busy one.
 FILLER = 1000
+
+
+@contextlib.contextmanager
+def older_objects_frozen() -> Iterator[None]:
+    """Keep the garbage collector to the objects made from now on, until the block ends.
+
+    A full collection of a test process's heap stalls the event loop for as long as the
+    slot takes to move (about 0.3 s each on this project's 2-core CI machine, once
+    earlier tests have imported the agent SDKs): if one falls in the move, none of the
+    load's calls reaches the slot while it migrates, each caller meets only the MOVED
+    after it, and the test has not tested what it is for.
+    """
+    gc.collect()
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 def runs_in_shard(shard: int, shards: int, count: int) -> list[str]:
@@ -214,11 +235,13 @@ async def test_live_slot_migration_loses_and_duplicates_nothing(
     )
     worker_tasks = [asyncio.create_task(worker.run()) for worker in workers]
     moved = asyncio.Event()
+    lanes_running: set[tuple[str, int]] = set()
 
     async def lane(run_id: str, lane_no: int) -> None:
         after = 0
         for i in itertools.count():
             await invoke(run_id, f"l{lane_no}-{i}")
+            lanes_running.add((run_id, lane_no))
             after += moved.is_set()
             if after >= AFTER_MOVE:
                 return
@@ -232,14 +255,18 @@ async def test_live_slot_migration_loses_and_duplicates_nothing(
             await asyncio.sleep(0)
 
     async def move() -> tuple[list[int], int]:
-        await asyncio.sleep(0.05)
+        # The slot starts to move once the load is flowing: every lane has made a call.
+        await wait_until(lambda: len(lanes_running) == RUNS * LANES)
         keys = int(source.command("CLUSTER", "COUNTKEYSINSLOT", slot))
         slots = await redis_cluster.reshard(source, target, 1, pipeline=PIPELINE)
         moved.set()
         return slots, keys
 
     before = redirects(redis_cluster)
-    done = await asyncio.gather(*(lane(r, n) for r in runs for n in range(LANES)), reader(), move())
+    with older_objects_frozen():
+        done = await asyncio.gather(
+            *(lane(r, n) for r in runs for n in range(LANES)), reader(), move()
+        )
     slots_moved, keys_in_slot = cast(tuple[list[int], int], done[-1])
     seen = redirects(redis_cluster) - before
     # The workers that lived through the move catch up on their own.
