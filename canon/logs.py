@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import time
 from collections.abc import MutableMapping
 from typing import Any, Final
 
@@ -20,15 +21,43 @@ import structlog
 
 from eventstore.logs import drop_secrets
 
+_encode_json: Final = msgspec.json.Encoder(enc_hook=repr).encode
 
-def _json_line(event_dict: Any, **_options: Any) -> str:
-    """Encode one event as a JSON line with msgspec.
 
-    The stdlib encoder costs several times more per event, and production logs one per
-    tool call. Values JSON has no type for are written as their ``repr``, as structlog's
-    own fallback does.
+def render_json(_logger: object, _method: str, event_dict: MutableMapping[str, Any]) -> str:
+    """Last processor of the JSON format: the event as one JSON line.
+
+    Encoded with msgspec: the stdlib encoder costs several times more per event, and
+    production logs one per tool call. Values JSON has no type for are written as their
+    ``repr``, as structlog's own fallback does.
     """
-    return msgspec.json.encode(event_dict, enc_hook=repr).decode()
+    return _encode_json(event_dict).decode()
+
+
+#: The last whole second stamped and its text: the date and time change once a second,
+#: and formatting them costs more than the rest of a timestamp.
+_stamped_second: tuple[int, str] = (-1, "")
+
+
+def add_utc_timestamp(
+    _logger: object, _method: str, event_dict: MutableMapping[str, Any]
+) -> MutableMapping[str, Any]:
+    """Add ``timestamp``: now, in UTC, as ISO 8601 with microseconds and ``Z``.
+
+    ``2026-12-02T04:30:00.123456Z``: the text structlog's ``TimeStamper(fmt="iso",
+    utc=True)`` writes, except that the microseconds are always there (fixed width).
+    """
+    global _stamped_second
+    second, nanoseconds = divmod(time.time_ns(), 1_000_000_000)
+    stamped = _stamped_second
+    if stamped[0] != second:
+        # One tuple, replaced whole: a thread reading it meanwhile sees one or the other.
+        stamped = _stamped_second = (
+            second,
+            time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second)),
+        )
+    event_dict["timestamp"] = f"{stamped[1]}.{nanoseconds // 1000:06d}Z"
+    return event_dict
 
 
 #: Name of the root handler :func:`configure_logging` installs (replaced on each call).
@@ -80,7 +109,7 @@ def _route_stdlib_logging(renderer: Any, level: int) -> None:
             foreign_pre_chain=[
                 structlog.stdlib.add_logger_name,
                 structlog.processors.add_log_level,
-                structlog.processors.TimeStamper(fmt="iso", utc=True),
+                add_utc_timestamp,
                 trace_to_type,
                 drop_secrets,
             ],
@@ -106,9 +135,7 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
     if json is None:
         json = not sys.stderr.isatty()
     renderer: Any = (
-        structlog.processors.JSONRenderer(serializer=_json_line)
-        if json
-        else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        render_json if json else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
     )
     numeric_level = logging.getLevelNamesMapping()[level.upper()]
     _route_stdlib_logging(renderer, numeric_level)
@@ -116,7 +143,7 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
         processors=[
             structlog.contextvars.merge_contextvars,
             structlog.processors.add_log_level,
-            structlog.processors.TimeStamper(fmt="iso", utc=True),
+            add_utc_timestamp,
             drop_secrets,
             renderer,
         ],

@@ -55,6 +55,8 @@ def drop_secrets(
     _logger: object, _method: str, event_dict: MutableMapping[str, Any]
 ) -> MutableMapping[str, Any]:
     """Replace values of fields that must never be logged (a structlog processor)."""
+    if _SECRET_FIELDS.isdisjoint(event_dict):  # the common case, without building a set
+        return event_dict
     for name in _SECRET_FIELDS & event_dict.keys():
         event_dict[name] = "<redacted>"
     return event_dict
@@ -143,17 +145,21 @@ class CanonLogger:
         # Building a logger from the configuration costs more than the line it logs; the
         # one built last is kept while the configuration's parts are the same objects.
         config = structlog.get_config()
-        parts = (
-            config["processors"],
-            config["wrapper_class"],
-            config["logger_factory"],
-            config["context_class"],
-        )
-        if len(parts) != len(self._same_as) or any(
-            a is not b for a, b in zip(parts, self._same_as, strict=True)
+        same = self._same_as
+        if not (
+            same
+            and config["processors"] is same[0]
+            and config["wrapper_class"] is same[1]
+            and config["logger_factory"] is same[2]
+            and config["context_class"] is same[3]
         ):
             self._configured = structlog.get_logger(self.name).bind()
-            self._same_as = parts
+            self._same_as = (
+                config["processors"],
+                config["wrapper_class"],
+                config["logger_factory"],
+                config["context_class"],
+            )
         return self._configured
 
     def is_enabled_for(self, level: int) -> bool:

@@ -5,12 +5,15 @@ from __future__ import annotations
 import io
 import json
 import logging
+import sys
 from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 
 import pytest
 import structlog
 
-from canon.logs import configure_logging
+from canon.logs import add_utc_timestamp, configure_logging
 
 
 class Terminal(io.StringIO):
@@ -48,6 +51,44 @@ def test_json_renders_one_object_per_line_with_the_fields(monkeypatch: pytest.Mo
     assert entry["event"] == "invocation_finished"
     assert (entry["run_id"], entry["version"], entry["level"]) == ("run-1", 3, "info")
     assert entry["timestamp"].endswith("Z")
+
+
+def test_the_timestamp_is_utc_iso_8601_with_microseconds_at_a_fixed_width(
+    monkeypatch: pytest.MonkeyPatch,
+):
+    """Each line's time is now in UTC, ``YYYY-MM-DDTHH:MM:SS.ffffffZ``, also on a whole
+    second and across a change of second (the date part is kept between lines)."""
+    seconds = iter(
+        [1_764_650_000_000_000_000, 1_764_650_000_123_456_789, 1_764_650_061_000_001_000]
+    )
+    monkeypatch.setattr("time.time_ns", lambda: next(seconds))
+    stamps = [add_utc_timestamp(None, "info", {})["timestamp"] for _ in range(3)]
+
+    assert stamps == [
+        "2025-12-02T04:33:20.000000Z",
+        "2025-12-02T04:33:20.123456Z",
+        "2025-12-02T04:34:21.000001Z",
+    ]
+
+
+def test_the_timestamp_reads_back_as_the_time_it_was_written(monkeypatch: pytest.MonkeyPatch):
+    """Parsed as ISO 8601, a line's timestamp is the wall-clock time it was logged at."""
+    before = datetime.now(UTC)
+    entry = json.loads(emit_with(io.StringIO(), monkeypatch, json=True).splitlines()[0])
+    after = datetime.now(UTC)
+
+    stamped = datetime.fromisoformat(entry["timestamp"].replace("Z", "+00:00"))
+    assert before - timedelta(milliseconds=1) <= stamped <= after + timedelta(milliseconds=1)
+
+
+def test_json_writes_a_value_json_has_no_type_for_as_its_repr(monkeypatch: pytest.MonkeyPatch):
+    """An odd field value still gives one JSON line: the value as its ``repr``."""
+    monkeypatch.setattr("sys.stderr", io.StringIO())
+    configure_logging(json=True)
+    structlog.get_logger("test").info("odd_value", value=Decimal("1.5"), when=object)
+    entry = json.loads(sys.stderr.getvalue())
+
+    assert (entry["event"], entry["value"], entry["when"]) == ("odd_value", "1.5", repr(object))
 
 
 def test_json_never_writes_a_secret_field(monkeypatch: pytest.MonkeyPatch):
