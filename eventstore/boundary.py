@@ -310,8 +310,7 @@ class ToolBoundary:
             )
 
             stored = len(request) + len(raw)
-            projection = await self._project(tool, raw_value, call, trace.task, stored)
-            evidence = EvidenceStatus(projection.evidence_status)
+            projection, evidence = await self._project(tool, raw_value, call, trace.task, stored)
             try:
                 # NaN and Infinity are refused: stored as null, the agent would be shown
                 # a value the record does not hold.
@@ -373,8 +372,8 @@ class ToolBoundary:
         call: ToolCall,
         task: asyncio.Task[Any],
         stored_bytes: int,
-    ) -> Projection:
-        """Run the projector and check its answer's shape and evidence status."""
+    ) -> tuple[Projection, EvidenceStatus]:
+        """Run the projector; its answer, checked in shape, and its evidence status."""
         try:
             projection = await call_tool_function(
                 tool.spec.projector, raw_value, call, threads=tool.projector_threads
@@ -397,4 +396,4 @@ class ToolBoundary:
             projection.scope.encode("utf-8")
         except UnicodeEncodeError:
             raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
-        return projection
+        return projection, evidence

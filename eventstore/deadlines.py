@@ -63,9 +63,17 @@ class Deadlines:
             task = asyncio.current_task()
             if task is None:
                 raise RuntimeError("a deadline needs a running task")
-        if task in self._active:  # nested: the outer, earlier deadline bounds both
+        active = self._active
+        if task in active:  # nested: the outer, earlier deadline bounds both
             return await awaitable
-        self._enter(task, task.get_loop())
+        # Entering and leaving are written out here, not called: every store write of a
+        # tool call passes this way.
+        loop = task.get_loop()
+        active[task] = (loop.time() + self.seconds, task.cancelling())
+        if self._ticker is None or self._ticker_loop is not loop:
+            # (Deadlines used from another event loop than the last one get their own ticker.)
+            self._ticker = loop.call_later(self.resolution, self._tick, loop)
+            self._ticker_loop = loop
         try:
             result = await awaitable
         except asyncio.CancelledError:
@@ -75,17 +83,11 @@ class Deadlines:
         except BaseException:
             self._exit(task, cancelled=False)
             raise
-        self._exit(task, cancelled=False)
+        del active[task]
+        if task in self._expired:  # it overran, yet finished before its cancellation came
+            self._expired.discard(task)
+            task.uncancel()
         return result
-
-    def _enter(self, task: asyncio.Task[Any], loop: asyncio.AbstractEventLoop) -> None:
-        if task in self._active:
-            raise RuntimeError("a task is already inside a bounded await")
-        self._active[task] = (loop.time() + self.seconds, task.cancelling())
-        if self._ticker is None or self._ticker_loop is not loop:
-            # (Deadlines used from another event loop than the last one get their own ticker.)
-            self._ticker = loop.call_later(self.resolution, self._tick, loop)
-            self._ticker_loop = loop
 
     def _exit(self, task: asyncio.Task[Any], cancelled: bool) -> bool:
         """Leave a block; True when it must raise TimeoutError (it overran)."""

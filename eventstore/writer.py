@@ -11,6 +11,7 @@ from __future__ import annotations
 import random
 import time
 from dataclasses import dataclass
+from typing import Any
 
 from msgspec import UNSET
 from redis.asyncio import Redis
@@ -32,7 +33,7 @@ from machine.events import (
     event_type,
     payload_digest,
 )
-from machine.fold import event_fields
+from machine.fold import record_pairs
 from machine.ids import invocation_id, is_tool_name
 
 
@@ -142,9 +143,7 @@ class Writer:
         encoded = encode_event(event)
         hash_ = event_hash(encoded)
         kind = event_type(event)
-        pairs: list[str | bytes] = []
-        for name, value in event_fields(event).items():
-            pairs += (name, value)
+        pairs: list[Any] = record_pairs(event)
         field = PAYLOAD_OF[kind].payload
         if field is not None and payload is not None:
             pairs += (field, payload)

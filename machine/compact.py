@@ -78,7 +78,8 @@ def hex_bytes(value: str) -> bytes:
 
     """
     raw = bytes.fromhex(value)
-    if not raw or len(value) != 2 * len(raw) or not (value.islower() or value.isdigit()):
+    # The bytes spelled back are the one lowercase spelling: no space, no capital.
+    if not raw or raw.hex() != value:
         raise ValueError("not lowercase hex")
     return raw
 
