@@ -203,7 +203,8 @@ class ScriptBatcher:
             self._lanes -= 1
             self._connected -= 1
             self._flush_if_waiting()
-            await self._keep_or_release(connection)
+            if not self._kept(connection):
+                await self._release(connection)
         if isinstance(reply, Exception):
             raise reply
         return reply
@@ -216,16 +217,18 @@ class ScriptBatcher:
             self._flush_scheduled = True
             asyncio.get_running_loop().call_soon(self._flush)
 
-    async def _keep_or_release(self, connection: Connection) -> None:
-        """Keep a lane's connection for the next lane, if the pool can spare it; else release it.
+    def _kept(self, connection: Connection) -> bool:
+        """Keep a lane's connection for the next lane if the pool can spare it (True).
 
-        A pool no larger than the lanes could be emptied by the batcher alone, and any
-        other command of the store would wait for it: nothing is kept from such a pool.
+        False: it must go back to the pool. A pool no larger than the lanes could be
+        emptied by the batcher alone, and any other command of the store would wait for
+        it: nothing is kept from such a pool. (Not a coroutine: keeping, the usual case,
+        awaits nothing.)
         """
         if len(self._idle) < self._keep:
             self._idle.append(connection)
-        else:
-            await self._release(connection)
+            return True
+        return False
 
     async def _release(self, connection: Connection) -> None:
         connection.socket_timeout = self._limit_s
@@ -295,8 +298,8 @@ class ScriptBatcher:
                 self._connected -= 1
             # The last lane leaves nothing behind (it only can if it was cancelled).
             self._flush_if_waiting()
-            if connection is not None:
-                await self._keep_or_release(connection)
+            if connection is not None and not self._kept(connection):
+                await self._release(connection)
 
     async def _connection(self) -> Connection:
         """A connection from the pool, its socket timeout taken over by the batcher."""

@@ -121,6 +121,11 @@ async def send_batch(
     and re-sending only the refused calls (a refused EVALSHA did not run).
     """
     replies = await _round_trip(batch, connection, limit, stats)
+    for reply in replies:
+        if isinstance(reply, NoScriptError):
+            break
+    else:
+        return replies  # the usual case: every script was known
     refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
     if refused:
         scripts = {id(batch[i].script): batch[i].script for i in refused}
