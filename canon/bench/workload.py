@@ -34,7 +34,7 @@ from machine.events import (
     event_type,
     payload_digest,
 )
-from machine.fold import event_fields
+from machine.fold import record_pairs
 from machine.lifecycle import STATUS_OF, next_stage
 
 TOOL: Final = "bench_search"
@@ -118,9 +118,7 @@ def boundary_tool(payloads: Payloads, *, plain: bool = False) -> ToolSpec:
 
 def _pairs(event: Event, payload: bytes) -> list[EncodableT]:
     """The record field/value pairs the Writer sends with ``event`` and its payload."""
-    pairs: list[EncodableT] = []
-    for key, value in event_fields(event).items():
-        pairs += (key, value)
+    pairs: list[EncodableT] = [*record_pairs(event)]
     field = PAYLOAD_OF[event_type(event)].payload
     return [*pairs, field, payload] if field is not None else pairs
 
