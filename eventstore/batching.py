@@ -1,20 +1,25 @@
 """Auto-pipelining: script calls issued in the same event-loop turn share one round trip.
 
 Every concurrent ``await batcher.call(script, keys, args)`` is queued; the first call of
-a turn schedules a flush with ``loop.call_soon``, and the flush starts as many *lanes* as
-the queue needs, at most ``max_lanes``. A lane takes one connection and sends the queue,
-``max_batch`` calls at a time, as non-transactional pipelines of EVALSHA commands, until
-the queue is empty. Calls queued while every lane is busy go with the next pipeline a
-lane sends. The batcher keeps the connections its lanes used (at most ``max_lanes``)
-for the next lanes, and gives them back to the pool when it is closed: taking one from
-the pool and giving it back costs more than the rest of a round trip. A call made while
-nothing is in flight skips the queue: it is sent at once from its caller's own task, on a
-kept connection, so one call at a time pays for no flush, lane task or future (nor an
-extra turn of the loop, unless something else is ready to run in this one). Each
-caller gets its own reply or its own exception: one failing script never fails its
-neighbours. No task or future is ever left with an exception nobody retrieves: every
-future is settled by the lane that took it or cancelled with its caller, and every lane's
-end is retrieved when it finishes.
+a turn schedules a flush with ``loop.call_soon``, and the flush starts as many *lanes*
+as the queue needs, at most ``max_lanes``. A lane takes one connection and sends the
+queue, a pipeline's worth of calls at a time, as non-transactional pipelines of EVALSHA
+commands, until the queue is empty. A fixed ``max_batch`` sizes every pipeline. By
+default the size follows the load: while no more calls are outstanding (queued or being
+sent) than one pipeline holds (``DEFAULT_MAX_BATCH``), they go as one; beyond that,
+pipelines take a quarter of the calls outstanding, from 4 up to ``DEFAULT_MAX_BATCH``,
+so that about four are in flight and Redis runs one while the client reads and prepares
+another. Calls queued while every lane is busy go with the next pipeline a lane sends.
+The batcher keeps the connections its lanes used (at most ``max_lanes``) for the next
+lanes, and gives them back to the pool when it is closed: taking one from the pool and
+giving it back costs more than the rest of a round trip. A call made while nothing is in
+flight skips the queue: it is sent at once from its caller's own task, on a kept
+connection, so one call at a time pays for no flush, lane task or future (nor an extra
+turn of the loop, unless something else is ready to run in this one). Each caller gets
+its own reply or its own exception: one failing script never fails its neighbours. No
+task or future is ever left with an exception nobody retrieves: every future is settled
+by the lane that took it or cancelled with its caller, and every lane's end is retrieved
+when it finishes.
 
 Ordering: a pipeline carries its calls in the order they were made. Pipelines of
 different lanes may run in either order: harmless, because two events of one invocation
@@ -55,6 +60,11 @@ log = get_logger("canon.batching")
 #: flight: Redis runs one while the client reads and prepares another (the measurements
 #: that chose 8 are in docs/performance.md).
 DEFAULT_MAX_BATCH: Final = 8
+#: Beyond one pipeline's worth of calls outstanding, the pipelines in flight a pipeline's
+#: size aims for, and the fewest calls it takes: with 16 callers, two full pipelines of 8
+#: leave Redis and the client taking turns (docs/performance.md).
+_LOAD_PIPELINES: Final = 4
+_LOAD_MIN_BATCH: Final = 4
 #: Most pipelines in flight at once (one connection each).
 DEFAULT_MAX_LANES: Final = 8
 
@@ -72,7 +82,8 @@ class ScriptBatcher:
 
     Args:
         client: the asyncio client; a cluster client is not batched (see module doc).
-        max_batch: most commands per pipeline.
+        max_batch: commands per pipeline, at most; None (the default) sizes each pipeline
+            by the calls outstanding, up to ``DEFAULT_MAX_BATCH`` (see the module doc).
         max_lanes: most pipelines in flight at once, each on its own pooled connection.
 
     """
@@ -81,13 +92,15 @@ class ScriptBatcher:
         self,
         client: Redis,
         *,
-        max_batch: int = DEFAULT_MAX_BATCH,
+        max_batch: int | None = None,
         max_lanes: int = DEFAULT_MAX_LANES,
     ) -> None:
-        if max_batch < 1 or max_lanes < 1:
+        if (max_batch is not None and max_batch < 1) or max_lanes < 1:
             raise InvalidArgument("max_batch and max_lanes must be at least 1")
         self._client = client
-        self._max_batch = max_batch
+        self._by_load = max_batch is None
+        self._max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+        self._sending = 0  # calls in pipelines written and not yet answered
         self._max_lanes = max_lanes
         self._enabled = isinstance(client, Redis)
         self._queue: deque[Call] = deque()
@@ -236,7 +249,7 @@ class ScriptBatcher:
 
     def _flush(self) -> None:
         self._flush_scheduled = False
-        wanted = -(-len(self._queue) // self._max_batch)
+        wanted = -(-len(self._queue) // self._pipeline_size())
         loop = asyncio.get_running_loop()
         for _ in range(min(wanted, self._max_lanes - self._lanes)):
             self._lanes += 1
@@ -258,10 +271,18 @@ class ScriptBatcher:
         if error is not None:
             log.error("batch_lane_failed", error=type(error).__name__)
 
+    def _pipeline_size(self) -> int:
+        """How many calls the next pipeline takes, at most (see the module doc)."""
+        outstanding = len(self._queue) + self._sending
+        if not self._by_load or outstanding <= self._max_batch:
+            return self._max_batch
+        by_load = max(_LOAD_MIN_BATCH, -(-outstanding // _LOAD_PIPELINES))
+        return min(self._max_batch, by_load)
+
     def _take(self) -> list[Call]:
-        """The next pipeline: up to ``max_batch`` queued calls whose callers still wait."""
-        queue, batch = self._queue, list[Call]()
-        while queue and len(batch) < self._max_batch:
+        """The next pipeline: up to :meth:`_pipeline_size` queued calls still awaited."""
+        queue, batch, size = self._queue, list[Call](), self._pipeline_size()
+        while queue and len(batch) < size:
             call = queue.popleft()
             if not call.future.done():  # a caller cancelled before sending never reaches Redis
                 batch.append(call)
@@ -316,9 +337,11 @@ class ScriptBatcher:
     async def _send(
         self, batch: list[Call], connection: Connection, limit: Deadlines | None
     ) -> None:
+        self._sending += len(batch)
         try:
             replies = await send_batch(batch, connection, limit, self.stats)
         except BaseException as exc:
+            self._sending -= len(batch)
             # Whatever was left unread must not answer the next pipeline: drop it (the
             # next send reconnects).
             await connection.disconnect(nowait=True)
@@ -326,6 +349,7 @@ class ScriptBatcher:
             if not isinstance(exc, Exception):
                 raise
             return
+        self._sending -= len(batch)
         for call, reply in zip(batch, replies, strict=True):
             if call.future.done():
                 continue

@@ -18,6 +18,7 @@ EXCLUDED = {
     "test_concurrent_appends_share_round_trips": _NOT_BATCHED,
     "test_a_batch_runs_in_call_order": _NOT_BATCHED,
     "test_a_large_turn_is_split_into_pipelines_of_max_batch": _NOT_BATCHED,
+    "test_by_default_pipelines_are_sized_by_the_calls_outstanding": _NOT_BATCHED,
     "test_a_failing_command_does_not_fail_its_neighbours": _NOT_BATCHED,
     "test_a_caller_cancelled_before_the_flush_is_never_sent": (
         "cancels a call queued for the next flush; an unbatched call has no queue"

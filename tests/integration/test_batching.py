@@ -13,10 +13,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
+from eventstore import batching
 from eventstore.batching import DEFAULT_MAX_BATCH, ScriptBatcher
 from eventstore.embedded import EmbeddedRedis, ServerBinary
 from eventstore.errors import Refused, StoreUnavailable
 from eventstore.store import Store
+from eventstore.wire import send_batch
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields, wait_until
@@ -109,6 +111,36 @@ async def test_a_large_turn_is_split_into_pipelines_of_max_batch(
     assert sorted(replies) == list(range(1, 21))
     assert (batcher.stats.round_trips, batcher.stats.largest_batch) == (3, 8)
     assert sorted(int(v) for v in await redis.lrange(key, 0, -1)) == list(range(20))
+    await redis.delete(key)
+
+
+@pytest.mark.parametrize(("callers", "first"), [(8, 8), (16, 4), (24, 6), (32, 8), (64, 8)])
+async def test_by_default_pipelines_are_sized_by_the_calls_outstanding(
+    redis: Redis, namespace: str, monkeypatch: pytest.MonkeyPatch, callers: int, first: int
+) -> None:
+    """Up to one pipeline's worth, a turn goes as one; beyond, as pipelines of a quarter of
+    the calls outstanding (at least 4, at most 8), so that Redis runs one while the client
+    reads another."""
+    sizes: list[int] = []
+
+    async def sending(batch: list[Any], *args: Any) -> list[Any]:
+        sizes.append(len(batch))
+        return await send_batch(batch, *args)
+
+    monkeypatch.setattr(batching, "send_batch", sending)
+    batcher = ScriptBatcher(redis)
+    push = redis.register_script(PUSH)
+    await redis.script_load(PUSH)
+    key = f"{namespace}:by-load"
+
+    replies = await asyncio.gather(*(batcher.call(push, [key], [i]) for i in range(callers)))
+
+    assert sorted(replies) == list(range(1, callers + 1))
+    # The first pipeline is taken with every call of the turn queued; later ones are
+    # sized by what is still outstanding when they are taken.
+    assert sizes[0] == first and sum(sizes) == callers
+    assert max(sizes) <= DEFAULT_MAX_BATCH
+    assert sorted(int(v) for v in await redis.lrange(key, 0, -1)) == list(range(callers))
     await redis.delete(key)
 
 
