@@ -45,10 +45,12 @@ from eventstore.server_settings import (
 
 SCHEMA: Final = "canon.bench.v2"
 Progress = Callable[[str], None]
-#: Server settings of the durability columns (on top of the recommended ones).
+#: Server settings of the durability columns (on top of the recommended ones). Automatic
+#: rewrites of the append-only file are off: the benchmark rewrites it between repeats,
+#: when the data set is empty (see :func:`~canon.bench.sections.rewrite_append_only_file`).
 DURABILITY: Final = {
-    "everysec": {"appendonly": "yes", "appendfsync": "everysec"},
-    "always": {"appendonly": "yes", "appendfsync": "always"},
+    name: {"appendonly": "yes", "appendfsync": name, "auto-aof-rewrite-percentage": "0"}
+    for name in ("everysec", "always")
 }
 #: Cluster mode with an explicit bus port (``cluster-port``) needs Redis 7.
 _CLUSTER_VERSION: Final = (7, 0, 0)
@@ -178,8 +180,11 @@ async def _durability(options: BenchOptions, progress: Progress) -> dict[str, An
             progress(f"appendfsync {name}: {line}")
 
         with _server(options, progress, settings) as url:
-            section, _ = await measure_throughput(url, options.concurrency, timing, announce)
-        result[name] = {"settings": settings, **section}
+            section, _ = await measure_throughput(
+                url, options.concurrency, timing, announce, rewrite_between_repeats=True
+            )
+            forks = await _forks(url)
+        result[name] = {"settings": settings, "forks": forks, **section}
     return result
 
 
@@ -262,6 +267,19 @@ def _section_time(report: dict[str, Any], name: str) -> Iterator[None]:
         yield
     finally:
         report["elapsed_s"][name] = round(time.perf_counter() - started, 1)
+
+
+async def _forks(url: str) -> int:
+    """How many times the server forked since it started (``total_forks``, Redis 6.2+).
+
+    On a durability column's server, with snapshots off, each fork is a rewrite of the
+    append-only file.
+    """
+    client = Redis.from_url(url)
+    try:
+        return int((await client.info("stats"))["total_forks"])
+    finally:
+        await client.aclose()
 
 
 async def _persistence(url: str) -> dict[str, str]:
