@@ -29,7 +29,7 @@ from eventstore.replies import reply_text
 from machine.codes import ErrorCode
 from machine.events import GENESIS_HASH
 from machine.fold import LIFECYCLE_FIELDS
-from machine.lifecycle import lua_tables
+from machine.lifecycle import lua_first_event, lua_lifecycle
 
 #: Fields only the scripts themselves may write.
 _PROTECTED: Final = sorted(
@@ -37,17 +37,47 @@ _PROTECTED: Final = sorted(
 )
 
 
-def _lifecycle_tables() -> str:
-    """The ``-- @include lifecycle_tables`` part: the transition tables and constants."""
-    protected = ", ".join(f'["{field}"] = true' for field in _PROTECTED)
-    return (
-        f"{lua_tables()}\nlocal PROTECTED = {{ {protected} }}\n"
-        f'local GENESIS_HASH = "{GENESIS_HASH}"'
+def _first_event() -> str:
+    """The ``-- @include first_event`` part: the creating event's constants."""
+    return f'{lua_first_event()}\nlocal GENESIS_HASH = "{GENESIS_HASH}"'
+
+
+def _protected_fields() -> str:
+    """The ``-- @include protected_fields`` part: ``protected_field_at``.
+
+    ``protected_field_at(first, evidence_protected)`` looks at the field names from
+    ``ARGV[first]`` on (every other argument) and returns the position of the first that
+    only the scripts write: a lifecycle field, an ``e<version>`` event id, and
+    ``evidence_status`` when ``evidence_protected``; nil when there is none. Comparisons
+    written out, for the reason the lifecycle is functions
+    (:func:`~machine.lifecycle.lua_lifecycle`); byte 101 is "e", the first letter of
+    every ``e<version>`` field and of ``evidence_status``, so the pattern only runs on
+    names that start with it.
+    """
+    protected = " or ".join(f'name == "{field}"' for field in _PROTECTED)
+    return "\n".join(
+        [
+            "local function protected_field_at(first, evidence_protected)",
+            "  for i = first, #ARGV, 2 do",
+            "    local name = ARGV[i]",
+            f"    if {protected} then return i end",
+            "    if string.byte(name) == 101 and (string.match(name, '^e%d+$')",
+            "        or (evidence_protected and name == 'evidence_status')) then return i end",
+            "  end",
+            "end",
+        ]
     )
 
 
 #: The store's scripts folder.
-FOLDER: Final = ScriptFolder("eventstore", {"lifecycle_tables": _lifecycle_tables})
+FOLDER: Final = ScriptFolder(
+    "eventstore",
+    {
+        "lifecycle": lua_lifecycle,
+        "first_event": _first_event,
+        "protected_fields": _protected_fields,
+    },
+)
 
 
 class Committed(NamedTuple):
@@ -65,8 +95,20 @@ class Committed(NamedTuple):
     expires_at_ms: int
 
 
-def _committed(reply: Any) -> Committed:
-    """The :class:`Committed` of a create or append reply, or its refusal raised."""
+def committed(reply: Any) -> Committed:
+    """The :class:`Committed` of a create or append reply, or its refusal raised.
+
+    A committed event is answered with one string, ``"<version> <entry id> <expiry>"``;
+    an event applied before, and a refusal, with a list.
+
+    Raises:
+        RecordExpired: the record is gone.
+        Refused: any other refusal, with its code and the record's version.
+
+    """
+    if isinstance(reply, bytes | str):
+        version, entry_id, expires_at_ms = reply_text(reply).split(" ")
+        return Committed(int(version), entry_id, int(expires_at_ms))
     outcome = reply[0]
     if outcome == b"refused" or outcome == "refused":
         code = reply_text(reply[1])
@@ -82,7 +124,7 @@ async def _commit(script: LuaScript, call: KeysAndArgs) -> Committed:
         reply = await script._call(script.script, call[0], call[1])
     except (RedisError, OSError) as exc:  # the hot path: no context manager to enter
         raise store_error(exc) from None
-    return _committed(reply)
+    return committed(reply)
 
 
 class CreateScript(LuaScript):

@@ -1,7 +1,7 @@
 """The invocation lifecycle, defined once with ``transitions``.
 
 Everything else is generated from :data:`MACHINE`: the transition table used by the pure
-fold, the Lua table loaded into the Redis scripts, and the Mermaid diagram in the docs.
+fold, the Lua functions pasted into the Redis scripts, and the Mermaid diagram in the docs.
 """
 
 from __future__ import annotations
@@ -76,8 +76,14 @@ def next_stage(stage: Stage, event_type: str) -> Stage | None:
     return TRANSITIONS.get((stage, event_type))
 
 
-def lua_tables() -> str:
-    """Render the transition, status and evidence tables as Lua source for the scripts.
+def lua_lifecycle() -> str:
+    """Render the transition, status, evidence and feed-code rules as Lua functions.
+
+    Functions, not tables: a script's body runs anew on every call, so a Lua table would
+    be rebuilt entry by entry each time, while a chain of comparisons between interned
+    strings costs a few instructions. Each rule is one line, ``if ... then return ...
+    end``, in the order of the Python tables; a pair no line names answers ``nil`` (an
+    illegal transition, an evidence status the stage may not hold).
 
     Feed entries carry an event type and a status as their permanent codes
     (:data:`machine.compact.TYPE_CODES`, :data:`machine.compact.STATUS_CODES`): one byte
@@ -85,37 +91,64 @@ def lua_tables() -> str:
     The codes are Lua strings: they only go to Redis, and a Lua number sent to Redis is
     formatted as a float on every call.
     """
-    rows = [
-        f'  ["{src.value}|{trigger}"] = "{dest.value}",'
+    transitions = [
+        f'  if stage == "{src.value}" and event_type == "{trigger}" then return "{dest.value}" end'
         for (src, trigger), dest in sorted(TRANSITIONS.items())
     ]
-    statuses = [f'  ["{stage.value}"] = "{status.value}",' for stage, status in STATUS_OF.items()]
-    status_codes = [
-        f'  ["{stage.value}"] = "{STATUS_CODES[status]}",' for stage, status in STATUS_OF.items()
+    statuses = [
+        f'  if stage == "{stage.value}" then return "{status.value}" end'
+        for stage, status in STATUS_OF.items()
     ]
-    type_codes = [f'  ["{kind}"] = "{code}",' for kind, code in TYPE_CODES.items()]
     evidence = [
-        f'  ["{stage.value}|{ev.value}"] = true,'
+        f'  if stage == "{stage.value}" and evidence == "{ev.value}" then return true end'
         for stage, allowed in EVIDENCE_ALLOWED.items()
         for ev in sorted(allowed)
     ]
+    status_codes = [
+        f'  if stage == "{stage.value}" then return "{STATUS_CODES[status]}" end'
+        for stage, status in STATUS_OF.items()
+    ]
+    type_codes = [
+        f'  if event_type == "{kind}" then return "{code}" end' for kind, code in TYPE_CODES.items()
+    ]
     return "\n".join(
         [
-            "local TRANSITIONS = {",
-            *rows,
-            "}",
-            "local STATUS_OF = {",
+            "local function next_stage(stage, event_type)",
+            *transitions,
+            "end",
+            "local function status_of(stage)",
             *statuses,
-            "}",
-            "local EVIDENCE_ALLOWED = {",
+            "end",
+            "local function evidence_allowed(stage, evidence)",
             *evidence,
-            "}",
-            "local FEED_STATUS_CODE = {",
+            "end",
+            "local function feed_status_code(stage)",
             *status_codes,
-            "}",
-            "local FEED_TYPE_CODE = {",
+            "end",
+            "local function feed_type_code(event_type)",
             *type_codes,
-            "}",
+            "end",
+        ]
+    )
+
+
+def lua_first_event() -> str:
+    """Render what the creating event leads to as Lua constants, for the creating script.
+
+    The stage after ``Preflighted`` from NEW, its public status, and the feed codes of
+    that event type and that status: the one transition a creation makes, so the script
+    needs no lookup at all.
+    """
+    ((trigger, dest),) = [
+        (kind, dest) for (src, kind), dest in TRANSITIONS.items() if src is Stage.NEW
+    ]
+    status = STATUS_OF[dest]
+    return "\n".join(
+        [
+            f'local FIRST_STAGE = "{dest.value}"',
+            f'local FIRST_STATUS = "{status.value}"',
+            f'local FIRST_TYPE_CODE = "{TYPE_CODES[trigger]}"',
+            f'local FIRST_STATUS_CODE = "{STATUS_CODES[status]}"',
         ]
     )
 

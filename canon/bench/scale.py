@@ -121,7 +121,8 @@ class Filler:
                     for sha, args in commands:
                         pipe.evalsha(sha, *args)
                     replies = await pipe.execute()
-                if any(reply[0] != b"ok" for reply in replies):
+                # A committed event is answered with one string, a refusal with a list.
+                if not all(isinstance(reply, bytes) for reply in replies):
                     raise BenchError("a fill write was refused")
 
         await asyncio.gather(*(worker() for _ in range(_FILL_TASKS)))

@@ -5,8 +5,8 @@
 -- the hash chain, the lifecycle transition and the evidence rule. Then folds the event
 -- into the record, appends it to the stream (field e only, as create.lua does) and one
 -- entry to the shard feed, which it trims by age (feed_trim.lua). A terminal event also
--- appends the call's identity to the run's progress list. No TTL is touched except the progress list's, set once when that list
--- is created.
+-- appends the call's identity to the run's progress list. No TTL is touched except the
+-- progress list's, set once when that list is created.
 --
 -- KEYS[1] record          record hash
 -- KEYS[2] stream          event stream
@@ -25,12 +25,13 @@
 -- ARGV[10] tool_call_id   tool call id
 -- ARGV[11..] (field, value)...  the record fields the event sets (payloads included)
 --
--- Reply: {"ok", version, feed entry id, expires_at_ms}
+-- Reply: "<version> <feed entry id> <expires_at_ms>"   the event is in the journal
 --        {"applied", version, "", expires_at_ms}
 --        {"refused", CODE, current version}   CODE is one of RECORD_EXPIRED,
 --        VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION, INVALID_EVIDENCE_STATUS,
 --        MISSING_ERROR_CODE, PROTECTED_FIELD
--- @include lifecycle_tables
+-- @include lifecycle
+-- @include protected_fields
 -- @include feed_trim
 
 local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -38,63 +39,67 @@ local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], 
 local event_type, version_text, event_id = ARGV[1], ARGV[2], ARGV[3]
 local version = tonumber(version_text)
 local prev_hash, event_hash, event_data, at_ms = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
-local retention_ms, run_id, tool_call_id = tonumber(ARGV[8]), ARGV[9], ARGV[10]
+local retention_ms, run_id, tool_call_id = ARGV[8], ARGV[9], ARGV[10]
 
 local rec = redis.call('HMGET', record, 'stage', 'version', 'last_hash', 'expires_at_ms',
   'e' .. version_text)
-if not rec[1] or redis.call('EXISTS', stream) == 0 then
-  return {'refused', 'RECORD_EXPIRED', 0}
-end
+if not rec[1] then return {'refused', 'RECORD_EXPIRED', 0} end
 local current = tonumber(rec[2])
-if rec[5] then
-  if rec[5] == event_id then return {'applied', version, '', tonumber(rec[4])} end
-  return {'refused', 'VERSION_CONFLICT', current}
-end
-if current + 1 ~= version then return {'refused', 'VERSION_CONFLICT', current} end
-if rec[3] ~= prev_hash then return {'refused', 'CHAIN_BROKEN', current} end
-local dest = TRANSITIONS[rec[1] .. '|' .. event_type]
-if not dest then return {'refused', 'ILLEGAL_TRANSITION', current} end
 
-local fields, evidence, error_code = {}, nil, nil
+-- A record whose stream is gone counts as expired. The write below finds that out with
+-- XADD NOMKSTREAM; the answers given before it ask the stream first.
+local function refused(code)
+  if redis.call('EXISTS', stream) == 0 then return {'refused', 'RECORD_EXPIRED', 0} end
+  return {'refused', code, current}
+end
+if rec[5] then
+  if rec[5] ~= event_id then return refused('VERSION_CONFLICT') end
+  if redis.call('EXISTS', stream) == 0 then return {'refused', 'RECORD_EXPIRED', 0} end
+  return {'applied', version, '', tonumber(rec[4])}
+end
+if current + 1 ~= version then return refused('VERSION_CONFLICT') end
+if rec[3] ~= prev_hash then return refused('CHAIN_BROKEN') end
+local dest = next_stage(rec[1], event_type)
+if not dest then return refused('ILLEGAL_TRANSITION') end
+
+if protected_field_at(11, false) then return refused('PROTECTED_FIELD') end
+local fields, n, evidence, error_code = {}, 0, nil, nil
 for i = 11, #ARGV, 2 do
   local name, value = ARGV[i], ARGV[i + 1]
-  if PROTECTED[name] or string.match(name, '^e%d+$') then
-    return {'refused', 'PROTECTED_FIELD', current}
-  end
   if name == 'evidence_status' then evidence = value
   else
     if name == 'error_code' then error_code = value end
-    fields[#fields + 1] = name
-    fields[#fields + 1] = value
+    fields[n + 1], fields[n + 2], n = name, value, n + 2
   end
 end
 if dest == 'ERROR' then
-  if not error_code or error_code == '' then return {'refused', 'MISSING_ERROR_CODE', current} end
+  if not error_code or error_code == '' then return refused('MISSING_ERROR_CODE') end
   evidence = 'ERROR'
 elseif not evidence then
   evidence = 'PENDING'
 end
-if not EVIDENCE_ALLOWED[dest .. '|' .. evidence] then
-  return {'refused', 'INVALID_EVIDENCE_STATUS', current}
-end
+if not evidence_allowed(dest, evidence) then return refused('INVALID_EVIDENCE_STATUS') end
 
-redis.call('HSET', record, 'stage', dest, 'status', STATUS_OF[dest], 'evidence_status', evidence,
+-- NOMKSTREAM: a stream that is gone is not created again (it would never expire), and
+-- nothing has been written yet when it answers nil.
+if not redis.call('XADD', stream, 'NOMKSTREAM', '*', 'e', event_data) then
+  return {'refused', 'RECORD_EXPIRED', 0}
+end
+redis.call('HSET', record, 'stage', dest, 'status', status_of(dest), 'evidence_status', evidence,
   'version', version_text, 'last_hash', event_hash, 'updated_at_ms', at_ms,
   'e' .. version_text, event_id, unpack(fields))
-redis.call('XADD', stream, '*', 'e', event_data)
 
 if dest == 'READY' or dest == 'ERROR' then
-  redis.call('RPUSH', progress, run_id .. ':' .. tool_call_id)
-  if redis.call('PTTL', progress) == -1 then
+  -- A list this push creates gets the run's expiry, once; every later push finds it set.
+  if redis.call('RPUSH', progress, run_id .. ':' .. tool_call_id) == 1 then
     local run_expiry = redis.call('HGET', run, 'expires_at_ms') or rec[4]
     redis.call('PEXPIREAT', progress, run_expiry)
   end
 end
 
-local now = redis.call('TIME')
-local now_ms = tonumber(now[1]) * 1000 + math.floor(tonumber(now[2]) / 1000)
 local feed_id = redis.call('XADD', feed, '*',
-  'r', run_id, 'c', tool_call_id, 'v', version_text, 't', FEED_TYPE_CODE[event_type],
-  's', FEED_STATUS_CODE[dest])
-trim_feed(feed, now_ms, retention_ms)
-return {'ok', version, feed_id, tonumber(rec[4])}
+  'r', run_id, 'c', tool_call_id, 'v', version_text, 't', feed_type_code(event_type),
+  's', feed_status_code(dest))
+trim_feed(feed, feed_id, retention_ms)
+-- One string: a table reply costs Redis several times more to turn into its answer.
+return version_text .. ' ' .. feed_id .. ' ' .. rec[4]

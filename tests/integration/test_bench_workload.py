@@ -20,7 +20,7 @@ from canon.bench.workload import (
     run_id_for,
     tool_call_id_for,
 )
-from eventstore.scripts import FOLDER
+from eventstore.scripts import FOLDER, committed
 from eventstore.server_settings import RECOMMENDED_SETTINGS
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -36,7 +36,7 @@ async def _floor_lifecycle(redis: Redis, args: FloorArgs, run_id: str, call: str
         await redis.evalsha(append, *args.append(run_id, call, 2)),
         await redis.evalsha(append, *args.append(run_id, call, 3)),
     ]
-    assert [reply[0] for reply in replies] == [b"ok", b"ok", b"ok"]
+    assert [committed(reply).version for reply in replies] == [1, 2, 3]
 
 
 def _shape(fields: dict[bytes, bytes]) -> dict[bytes, int]:

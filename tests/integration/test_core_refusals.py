@@ -14,6 +14,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
+from canon.bench.workload import TOOL as FLOOR_TOOL
+from canon.bench.workload import FloorArgs, Payloads
 from eventstore.errors import (
     InvalidArgument,
     NamespaceMismatch,
@@ -21,13 +23,13 @@ from eventstore.errors import (
     Refused,
     StoreUnavailable,
 )
-from eventstore.scripts import Scripts
+from eventstore.scripts import FOLDER, Scripts, committed
 from eventstore.store import Store
 from eventstore.writer import Head, now_ms
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import GENESIS_HASH
-from machine.ids import MAX_ID_LENGTH, MAX_TOOL_CALL_ID_BYTES
-from tests.helpers import RAW, REQUEST, RESULT, TOOL, namespace_keys, open_store
+from machine.ids import MAX_ID_LENGTH, MAX_TOOL_CALL_ID_BYTES, invocation_id
+from tests.helpers import RAW, REQUEST, RESULT, TOOL, key_values, namespace_keys, open_store
 from tests.support.waiting import wait_for
 
 RUN = "run-1"
@@ -315,3 +317,81 @@ async def test_unsafe_ids_are_refused_before_any_command_is_sent() -> None:
             await offline.writer.create(RUN, "call-1", TOOL, REQUEST)
     finally:
         await offline.aclose()
+
+
+_LIFECYCLE_FIELDS = [
+    "stage",
+    "status",
+    "version",
+    "last_hash",
+    "updated_at_ms",
+    "expires_at_ms",
+    "invocation_id",
+]
+
+
+async def _snapshot(redis: Redis, store: Store) -> list[tuple[bytes, list[bytes]]]:
+    return [
+        (key, await key_values(redis, key))
+        for key in await namespace_keys(redis, store.keys.namespace)
+    ]
+
+
+@pytest.mark.parametrize("name", [*_LIFECYCLE_FIELDS, "evidence_status", "e1", "e2", "e10"])
+async def test_a_creation_naming_a_field_only_the_scripts_write_is_refused(
+    store: Store, redis: Redis, name: str
+) -> None:
+    """A creating call whose fields name a lifecycle field, an event id slot (e<version>) or
+    the evidence status is refused with PROTECTED_FIELD and writes nothing."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
+    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
+    create = await redis.script_load(FOLDER.source("create"))
+    before = await _snapshot(redis, store)
+    args = floor.create(RUN, "call-1", invocation_id(RUN, "call-1"))
+    with pytest.raises(Refused) as refused:
+        committed(await redis.evalsha(create, *args, name, "x"))
+    assert refused.value.code == "PROTECTED_FIELD"
+    assert await _snapshot(redis, store) == before
+
+
+@pytest.mark.parametrize("name", [*_LIFECYCLE_FIELDS, "e1", "e2", "e3", "e10"])
+async def test_an_append_naming_a_field_only_the_scripts_write_is_refused(
+    store: Store, redis: Redis, name: str
+) -> None:
+    """An appending call whose fields name a lifecycle field or an event id slot is refused
+    with PROTECTED_FIELD and changes nothing."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
+    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
+    create = await redis.script_load(FOLDER.source("create"))
+    append = await redis.script_load(FOLDER.source("append"))
+    committed(await redis.evalsha(create, *floor.create(RUN, "c", invocation_id(RUN, "c"))))
+    before = await _snapshot(redis, store)
+    with pytest.raises(Refused) as refused:
+        committed(await redis.evalsha(append, *floor.append(RUN, "c", 2), name, "x"))
+    assert (refused.value.code, refused.value.current_version) == ("PROTECTED_FIELD", 1)
+    assert await _snapshot(redis, store) == before
+
+
+async def test_fields_that_only_look_like_protected_ones_are_written(
+    store: Store, redis: Redis
+) -> None:
+    """Names that start like an event id slot or a lifecycle field but are not one pass."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
+    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
+    create = await redis.script_load(FOLDER.source("create"))
+    append = await redis.script_load(FOLDER.source("append"))
+    extra = ["e", "1", "e1x", "2", "ex", "3", "stages", "4", "evidence", "5"]
+    args = floor.create(RUN, "c", invocation_id(RUN, "c"))
+    assert committed(await redis.evalsha(create, *args, *extra)).version == 1
+    assert (
+        committed(await redis.evalsha(append, *floor.append(RUN, "c", 2), "e2e", "6")).version == 2
+    )
+    record = await redis.hgetall(store.keys.record(RUN, "c"))
+    assert [record[name.encode()] for name in [*extra[::2], "e2e"]] == [
+        b"1",
+        b"2",
+        b"3",
+        b"4",
+        b"5",
+        b"6",
+    ]

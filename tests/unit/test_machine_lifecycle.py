@@ -1,10 +1,11 @@
-"""The lifecycle is defined once: the table, the Lua tables and the diagram come from it."""
+"""The lifecycle is defined once: the table, the Lua functions and the diagram come from it."""
 
 from __future__ import annotations
 
 import re
 
 from machine.codes import EvidenceStatus, Stage, Status
+from machine.compact import STATUS_CODES, TYPE_CODES
 from machine.events import EVENT_TYPES
 from machine.lifecycle import (
     EVIDENCE_ALLOWED,
@@ -12,7 +13,8 @@ from machine.lifecycle import (
     STATUS_OF,
     TERMINAL,
     TRANSITIONS,
-    lua_tables,
+    lua_first_event,
+    lua_lifecycle,
     mermaid,
     next_stage,
 )
@@ -56,26 +58,56 @@ def test_next_stage_is_none_for_illegal_pairs() -> None:
     assert next_stage(Stage.READY, "Failed") is None
 
 
-def test_lua_tables_list_exactly_the_transitions() -> None:
-    """The generated Lua TRANSITIONS table has one row per pair of TRANSITIONS, no more."""
-    source = lua_tables()
-    block = source.split("local TRANSITIONS = {", 1)[1].split("}", 1)[0]
-    rows = re.findall(r'\["(\w+)\|(\w+)"\] = "(\w+)",', block)
-    assert len(rows) == len(block.strip().splitlines())
-    assert {(Stage(src), kind): Stage(dest) for src, kind, dest in rows} == TRANSITIONS
+def _lua_function(source: str, name: str) -> list[str]:
+    """The body lines of ``local function name(...)`` in generated Lua source."""
+    body = source.split(f"local function {name}(", 1)[1].split("\nend", 1)[0]
+    return body.splitlines()[1:]
+
+
+def test_lua_lifecycle_lists_exactly_the_transitions() -> None:
+    """The generated Lua next_stage has one line per pair of TRANSITIONS, no more."""
+    lines = _lua_function(lua_lifecycle(), "next_stage")
+    rows = [
+        re.fullmatch(
+            r'  if stage == "(\w+)" and event_type == "(\w+)" then return "(\w+)" end', line
+        )
+        for line in lines
+    ]
+    assert all(rows)
+    assert {(Stage(m[1]), m[2]): Stage(m[3]) for m in rows if m} == TRANSITIONS
     assert len(rows) == len(TRANSITIONS)
 
 
-def test_lua_tables_carry_status_and_evidence_rules() -> None:
-    """STATUS_OF and EVIDENCE_ALLOWED reach Lua entry for entry."""
-    source = lua_tables()
-    status_block = source.split("local STATUS_OF = {", 1)[1].split("}", 1)[0]
-    statuses = dict(re.findall(r'\["(\w+)"\] = "(\w+)",', status_block))
+def test_lua_lifecycle_carries_status_evidence_and_feed_codes() -> None:
+    """STATUS_OF, EVIDENCE_ALLOWED and the feed codes reach Lua entry for entry."""
+    source = lua_lifecycle()
+    status_lines = _lua_function(source, "status_of")
+    statuses = dict(
+        re.findall(r'if stage == "(\w+)" then return "(\w+)" end', "\n".join(status_lines))
+    )
+    assert len(statuses) == len(status_lines)
     assert statuses == {stage.value: status.value for stage, status in STATUS_OF.items()}
-    evidence_block = source.split("local EVIDENCE_ALLOWED = {", 1)[1].split("}", 1)[0]
-    allowed = set(re.findall(r'\["(\w+)\|(\w+)"\] = true,', evidence_block))
+    evidence_lines = _lua_function(source, "evidence_allowed")
+    pattern = r'if stage == "(\w+)" and evidence == "(\w+)" then return true end'
+    allowed = set(re.findall(pattern, "\n".join(evidence_lines)))
+    assert len(allowed) == len(evidence_lines)
     expected = {(s.value, e.value) for s, evs in EVIDENCE_ALLOWED.items() for e in evs}
     assert allowed == expected
+    codes = dict(re.findall(r'if stage == "(\w+)" then return "(\d)" end', source))
+    assert codes == {stage.value: str(STATUS_CODES[status]) for stage, status in STATUS_OF.items()}
+    types = dict(re.findall(r'if event_type == "(\w+)" then return "(\d)" end', source))
+    assert types == {kind: str(code) for kind, code in TYPE_CODES.items()}
+
+
+def test_lua_first_event_is_the_one_transition_out_of_new() -> None:
+    """The creating script's constants are the stage, status and codes Preflighted leads to."""
+    constants = dict(re.findall(r'local (\w+) = "(\w+)"', lua_first_event()))
+    assert constants == {
+        "FIRST_STAGE": TRANSITIONS[(Stage.NEW, "Preflighted")].value,
+        "FIRST_STATUS": Status.PROJECTING.value,
+        "FIRST_TYPE_CODE": str(TYPE_CODES["Preflighted"]),
+        "FIRST_STATUS_CODE": str(STATUS_CODES[Status.PROJECTING]),
+    }
 
 
 def test_public_status_and_evidence_rules() -> None:
