@@ -42,28 +42,33 @@ def _first_event() -> str:
     return f'{lua_first_event()}\nlocal GENESIS_HASH = "{GENESIS_HASH}"'
 
 
-def _protected_fields() -> str:
-    """The ``-- @include protected_fields`` part: ``protected_field_at``.
+def _field_scan() -> str:
+    """The ``-- @include field_scan`` part: ``scan_fields``, one pass over the fields.
 
-    ``protected_field_at(first, evidence_protected)`` looks at the field names from
-    ``ARGV[first]`` on (every other argument) and returns the position of the first that
-    only the scripts write: a lifecycle field, an ``e<version>`` event id, and
-    ``evidence_status`` when ``evidence_protected``; nil when there is none. Comparisons
-    written out, for the reason the lifecycle is functions
-    (:func:`~machine.lifecycle.lua_lifecycle`); byte 101 is "e", the first letter of
-    every ``e<version>`` field and of ``evidence_status``, so the pattern only runs on
-    names that start with it.
+    ``scan_fields(first)`` looks at the field names from ``ARGV[first]`` on (every other
+    argument) and returns the position of the first that only the scripts write (a
+    lifecycle field or an ``e<version>`` event id), else nil followed by the values of
+    ``evidence_status`` and ``error_code`` (the last of each, nil when absent). The
+    comparisons are written out, for the reason the lifecycle is functions
+    (:func:`~machine.lifecycle.lua_lifecycle`); byte 101 is "e", the first letter of every
+    ``e<version>`` field, of ``evidence_status`` and of ``error_code``, so only names
+    that start with it are looked at further.
     """
     protected = " or ".join(f'name == "{field}"' for field in _PROTECTED)
     return "\n".join(
         [
-            "local function protected_field_at(first, evidence_protected)",
+            "local function scan_fields(first)",
+            "  local evidence, error_code",
             "  for i = first, #ARGV, 2 do",
             "    local name = ARGV[i]",
             f"    if {protected} then return i end",
-            "    if string.byte(name) == 101 and (string.match(name, '^e%d+$')",
-            "        or (evidence_protected and name == 'evidence_status')) then return i end",
+            "    if string.byte(name) == 101 then",
+            "      if name == 'evidence_status' then evidence = ARGV[i + 1]",
+            "      elseif name == 'error_code' then error_code = ARGV[i + 1]",
+            "      elseif string.match(name, '^e%d+$') then return i end",
+            "    end",
             "  end",
+            "  return nil, evidence, error_code",
             "end",
         ]
     )
@@ -75,7 +80,7 @@ FOLDER: Final = ScriptFolder(
     {
         "lifecycle": lua_lifecycle,
         "first_event": _first_event,
-        "protected_fields": _protected_fields,
+        "field_scan": _field_scan,
     },
 )
 

@@ -31,47 +31,39 @@
 --        VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION, INVALID_EVIDENCE_STATUS,
 --        MISSING_ERROR_CODE, PROTECTED_FIELD
 -- @include lifecycle
--- @include protected_fields
+-- @include field_scan
 -- @include feed_trim
 
 local record, stream, feed, progress, run = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 -- Numbers only where they are compared: a Lua number sent to Redis is formatted as a float.
 local event_type, version_text, event_id = ARGV[1], ARGV[2], ARGV[3]
-local version = tonumber(version_text)
 local prev_hash, event_hash, event_data, at_ms = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local retention_ms, run_id, tool_call_id = ARGV[8], ARGV[9], ARGV[10]
 
 local rec = redis.call('HMGET', record, 'stage', 'version', 'last_hash', 'expires_at_ms',
   'e' .. version_text)
 if not rec[1] then return {'refused', 'RECORD_EXPIRED', 0} end
-local current = tonumber(rec[2])
 
 -- A record whose stream is gone counts as expired. The write below finds that out with
 -- XADD NOMKSTREAM; the answers given before it ask the stream first.
 local function refused(code)
   if redis.call('EXISTS', stream) == 0 then return {'refused', 'RECORD_EXPIRED', 0} end
-  return {'refused', code, current}
+  return {'refused', code, tonumber(rec[2])}
 end
 if rec[5] then
   if rec[5] ~= event_id then return refused('VERSION_CONFLICT') end
   if redis.call('EXISTS', stream) == 0 then return {'refused', 'RECORD_EXPIRED', 0} end
-  return {'applied', version, '', tonumber(rec[4])}
+  return {'applied', tonumber(version_text), '', tonumber(rec[4])}
 end
-if current + 1 ~= version then return refused('VERSION_CONFLICT') end
+-- Arithmetic converts the strings itself, for less than tonumber() costs.
+if rec[2] + 1 ~= version_text + 0 then return refused('VERSION_CONFLICT') end
 if rec[3] ~= prev_hash then return refused('CHAIN_BROKEN') end
 local dest = next_stage(rec[1], event_type)
 if not dest then return refused('ILLEGAL_TRANSITION') end
 
-if protected_field_at(11, false) then return refused('PROTECTED_FIELD') end
-local fields, n, evidence, error_code = {}, 0, nil, nil
-for i = 11, #ARGV, 2 do
-  local name, value = ARGV[i], ARGV[i + 1]
-  if name == 'evidence_status' then evidence = value
-  else
-    if name == 'error_code' then error_code = value end
-    fields[n + 1], fields[n + 2], n = name, value, n + 2
-  end
-end
+local protected, evidence, error_code = scan_fields(11)
+if protected then return refused('PROTECTED_FIELD') end
+local named = evidence
 if dest == 'ERROR' then
   if not error_code or error_code == '' then return refused('MISSING_ERROR_CODE') end
   evidence = 'ERROR'
@@ -85,9 +77,21 @@ if not evidence_allowed(dest, evidence) then return refused('INVALID_EVIDENCE_ST
 if not redis.call('XADD', stream, 'NOMKSTREAM', '*', 'e', event_data) then
   return {'refused', 'RECORD_EXPIRED', 0}
 end
+-- The fields go to HSET straight from ARGV, after the lifecycle's: a named evidence
+-- status is the one just checked, except on a Failed event, which is ERROR whatever it
+-- names; only then are the fields copied without it.
+local fields, first = ARGV, 11
+if named and named ~= evidence then
+  fields, first = {}, 1
+  for i = 11, #ARGV, 2 do
+    if ARGV[i] ~= 'evidence_status' then
+      fields[#fields + 1], fields[#fields + 2] = ARGV[i], ARGV[i + 1]
+    end
+  end
+end
 redis.call('HSET', record, 'stage', dest, 'status', status_of(dest), 'evidence_status', evidence,
   'version', version_text, 'last_hash', event_hash, 'updated_at_ms', at_ms,
-  'e' .. version_text, event_id, unpack(fields))
+  'e' .. version_text, event_id, unpack(fields, first))
 
 if dest == 'READY' or dest == 'ERROR' then
   -- A list this push creates gets the run's expiry, once; every later push finds it set.

@@ -34,7 +34,7 @@
 --        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED,
 --        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
 -- @include first_event
--- @include protected_fields
+-- @include field_scan
 -- @include feed_trim
 
 local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
@@ -75,8 +75,10 @@ if r[3] and tonumber(r[4] or '0') >= tonumber(r[3]) then
   return {'refused', 'RUN_BUDGET_EXHAUSTED'}
 end
 
--- The fields go to HSET straight from ARGV, once none of them is one only we write.
-if protected_field_at(13, true) then return {'refused', 'PROTECTED_FIELD'} end
+-- The fields go to HSET straight from ARGV, once none of them is one only we write: the
+-- first event's evidence status is PENDING, whatever it names.
+local protected, evidence = scan_fields(13)
+if protected or evidence then return {'refused', 'PROTECTED_FIELD'} end
 
 redis.call('HINCRBY', run, 'used_total', '1')
 redis.call('HINCRBY', run, used_field, '1')
