@@ -55,8 +55,10 @@ if rec[5] then
   if redis.call('EXISTS', stream) == 0 then return {'refused', 'RECORD_EXPIRED', 0} end
   return {'applied', tonumber(version_text), '', tonumber(rec[4])}
 end
--- Arithmetic converts the strings itself, for less than tonumber() costs.
-if rec[2] + 1 ~= version_text + 0 then return refused('VERSION_CONFLICT') end
+-- The record's version is always a number: arithmetic converts it for less than
+-- tonumber() costs. The event's may be anything a caller sent, so tonumber() (nil for
+-- text that is no number, refused as a conflict, not a script error).
+if rec[2] + 1 ~= tonumber(version_text) then return refused('VERSION_CONFLICT') end
 if rec[3] ~= prev_hash then return refused('CHAIN_BROKEN') end
 local dest = next_stage(rec[1], event_type)
 if not dest then return refused('ILLEGAL_TRANSITION') end

@@ -23,7 +23,7 @@ from eventstore.errors import (
     Refused,
     StoreUnavailable,
 )
-from eventstore.scripts import FOLDER, Scripts, committed
+from eventstore.scripts import FOLDER, AppendScript, Scripts, committed
 from eventstore.store import Store
 from eventstore.writer import Head, now_ms
 from machine.codes import ErrorCode, EvidenceStatus
@@ -395,3 +395,23 @@ async def test_fields_that_only_look_like_protected_ones_are_written(
         b"5",
         b"6",
     ]
+
+
+@pytest.mark.parametrize("version", ["two", "", "2x"])
+async def test_an_append_whose_version_is_no_number_is_a_conflict(
+    store: Store, redis: Redis, version: str
+) -> None:
+    """A version that is not a number is refused as VERSION_CONFLICT, not a script error,
+    and changes nothing."""
+    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
+    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
+    create = await redis.script_load(FOLDER.source("create"))
+    append = await redis.script_load(FOLDER.source("append"))
+    committed(await redis.evalsha(create, *floor.create(RUN, "c", invocation_id(RUN, "c"))))
+    before = await _snapshot(redis, store)
+    args = list(floor.append(RUN, "c", 2))
+    args[1 + len(AppendScript.layout.keys) + AppendScript.layout.argv.index("version")] = version
+    with pytest.raises(Refused) as refused:
+        committed(await redis.evalsha(append, *args))
+    assert (refused.value.code, refused.value.current_version) == ("VERSION_CONFLICT", 1)
+    assert await _snapshot(redis, store) == before
