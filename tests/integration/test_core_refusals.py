@@ -337,19 +337,50 @@ async def _snapshot(redis: Redis, store: Store) -> list[tuple[bytes, list[bytes]
     ]
 
 
+@dataclasses.dataclass
+class _Scripts:
+    """The write scripts called directly, as a caller other than the Writer could, with
+    the benchmark's real arguments (FloorArgs) on an open run."""
+
+    redis: Redis
+    floor: FloorArgs
+    create_sha: str
+    append_sha: str
+
+    @classmethod
+    async def on_open_run(cls, store: Store, redis: Redis) -> _Scripts:
+        await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
+        return cls(
+            redis,
+            FloorArgs(store.keys, Payloads.of(), at_ms=now_ms()),
+            await redis.script_load(FOLDER.source("create")),
+            await redis.script_load(FOLDER.source("append")),
+        )
+
+    async def create(self, call: str, *extra: str) -> Any:
+        args = self.floor.create(RUN, call, invocation_id(RUN, call))
+        return await self.redis.evalsha(self.create_sha, *args, *extra)
+
+    async def append(
+        self, call: str, event_version: int, *extra: str, argv: dict[str, str] | None = None
+    ) -> Any:
+        """The append of event ``event_version``, its ARGV ``argv`` replaced by name."""
+        args = list(self.floor.append(RUN, call, event_version))
+        for name, value in (argv or {}).items():
+            args[1 + len(AppendScript.layout.keys) + AppendScript.layout.argv.index(name)] = value
+        return await self.redis.evalsha(self.append_sha, *args, *extra)
+
+
 @pytest.mark.parametrize("name", [*_LIFECYCLE_FIELDS, "evidence_status", "e1", "e2", "e10"])
 async def test_a_creation_naming_a_field_only_the_scripts_write_is_refused(
     store: Store, redis: Redis, name: str
 ) -> None:
     """A creating call whose fields name a lifecycle field, an event id slot (e<version>) or
     the evidence status is refused with PROTECTED_FIELD and writes nothing."""
-    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
-    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
-    create = await redis.script_load(FOLDER.source("create"))
+    scripts = await _Scripts.on_open_run(store, redis)
     before = await _snapshot(redis, store)
-    args = floor.create(RUN, "call-1", invocation_id(RUN, "call-1"))
     with pytest.raises(Refused) as refused:
-        committed(await redis.evalsha(create, *args, name, "x"))
+        committed(await scripts.create("call-1", name, "x"))
     assert refused.value.code == "PROTECTED_FIELD"
     assert await _snapshot(redis, store) == before
 
@@ -360,14 +391,11 @@ async def test_an_append_naming_a_field_only_the_scripts_write_is_refused(
 ) -> None:
     """An appending call whose fields name a lifecycle field or an event id slot is refused
     with PROTECTED_FIELD and changes nothing."""
-    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
-    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
-    create = await redis.script_load(FOLDER.source("create"))
-    append = await redis.script_load(FOLDER.source("append"))
-    committed(await redis.evalsha(create, *floor.create(RUN, "c", invocation_id(RUN, "c"))))
+    scripts = await _Scripts.on_open_run(store, redis)
+    committed(await scripts.create("c"))
     before = await _snapshot(redis, store)
     with pytest.raises(Refused) as refused:
-        committed(await redis.evalsha(append, *floor.append(RUN, "c", 2), name, "x"))
+        committed(await scripts.append("c", 2, name, "x"))
     assert (refused.value.code, refused.value.current_version) == ("PROTECTED_FIELD", 1)
     assert await _snapshot(redis, store) == before
 
@@ -376,25 +404,13 @@ async def test_fields_that_only_look_like_protected_ones_are_written(
     store: Store, redis: Redis
 ) -> None:
     """Names that start like an event id slot or a lifecycle field but are not one pass."""
-    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
-    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
-    create = await redis.script_load(FOLDER.source("create"))
-    append = await redis.script_load(FOLDER.source("append"))
+    scripts = await _Scripts.on_open_run(store, redis)
     extra = ["e", "1", "e1x", "2", "ex", "3", "stages", "4", "evidence", "5"]
-    args = floor.create(RUN, "c", invocation_id(RUN, "c"))
-    assert committed(await redis.evalsha(create, *args, *extra)).version == 1
-    assert (
-        committed(await redis.evalsha(append, *floor.append(RUN, "c", 2), "e2e", "6")).version == 2
-    )
+    assert committed(await scripts.create("c", *extra)).version == 1
+    assert committed(await scripts.append("c", 2, "e2e", "6")).version == 2
     record = await redis.hgetall(store.keys.record(RUN, "c"))
-    assert [record[name.encode()] for name in [*extra[::2], "e2e"]] == [
-        b"1",
-        b"2",
-        b"3",
-        b"4",
-        b"5",
-        b"6",
-    ]
+    names = [*extra[::2], "e2e"]
+    assert [record[name.encode()] for name in names] == [b"1", b"2", b"3", b"4", b"5", b"6"]
 
 
 @pytest.mark.parametrize("version", ["two", "", "2x"])
@@ -403,15 +419,10 @@ async def test_an_append_whose_version_is_no_number_is_a_conflict(
 ) -> None:
     """A version that is not a number is refused as VERSION_CONFLICT, not a script error,
     and changes nothing."""
-    await store.open_run(RUN, deadline=timedelta(minutes=5), tools={FLOOR_TOOL: None})
-    floor = FloorArgs(store.keys, Payloads.of(), at_ms=now_ms())
-    create = await redis.script_load(FOLDER.source("create"))
-    append = await redis.script_load(FOLDER.source("append"))
-    committed(await redis.evalsha(create, *floor.create(RUN, "c", invocation_id(RUN, "c"))))
+    scripts = await _Scripts.on_open_run(store, redis)
+    committed(await scripts.create("c"))
     before = await _snapshot(redis, store)
-    args = list(floor.append(RUN, "c", 2))
-    args[1 + len(AppendScript.layout.keys) + AppendScript.layout.argv.index("version")] = version
     with pytest.raises(Refused) as refused:
-        committed(await redis.evalsha(append, *args))
+        committed(await scripts.append("c", 2, argv={"version": version}))
     assert (refused.value.code, refused.value.current_version) == ("VERSION_CONFLICT", 1)
     assert await _snapshot(redis, store) == before
