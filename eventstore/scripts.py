@@ -100,6 +100,14 @@ class Committed(NamedTuple):
     expires_at_ms: int
 
 
+def is_committed(reply: Any) -> bool:
+    """Whether a create or append reply says its event is now in the journal.
+
+    Only that answer is one string; an event applied before and a refusal are lists.
+    """
+    return isinstance(reply, bytes | str)
+
+
 def committed(reply: Any) -> Committed:
     """The :class:`Committed` of a create or append reply, or its refusal raised.
 
@@ -111,7 +119,7 @@ def committed(reply: Any) -> Committed:
         Refused: any other refusal, with its code and the record's version.
 
     """
-    if isinstance(reply, bytes | str):
+    if is_committed(reply):
         version, entry_id, expires_at_ms = reply_text(reply).split(" ")
         return Committed(int(version), entry_id, int(expires_at_ms))
     outcome = reply[0]

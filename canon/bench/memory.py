@@ -4,8 +4,7 @@ N invocations are written through the Writer into a fresh namespace. ``used_memo
 (without the clients' buffers) is read after writing, then again after deleting (DEL,
 never the lazy UNLINK) each kind of key in turn: run hashes and progress lists, streams,
 records, feeds. Each drop divided by N is that part's exact share, allocator overhead
-included. ``MEMORY USAGE`` is only an
-estimate for streams and hashes, so it is not used.
+included. ``MEMORY USAGE`` is only an estimate for streams and hashes, so it is not used.
 """
 
 from __future__ import annotations

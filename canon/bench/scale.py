@@ -26,7 +26,7 @@ from redis.asyncio import Redis
 from canon.bench.throughput import ThroughputBench
 from canon.bench.timing import BenchError, Sample
 from canon.bench.workload import TOOL, FloorArgs, Payloads, tool_call_id_for
-from eventstore.scripts import FOLDER, AppendScript, CreateScript
+from eventstore.scripts import FOLDER, AppendScript, CreateScript, is_committed
 from eventstore.store import Store
 from eventstore.writer import now_ms
 
@@ -121,8 +121,7 @@ class Filler:
                     for sha, args in commands:
                         pipe.evalsha(sha, *args)
                     replies = await pipe.execute()
-                # A committed event is answered with one string, a refusal with a list.
-                if not all(isinstance(reply, bytes) for reply in replies):
+                if not all(is_committed(reply) for reply in replies):
                     raise BenchError("a fill write was refused")
 
         await asyncio.gather(*(worker() for _ in range(_FILL_TASKS)))

@@ -49,7 +49,7 @@ from canon.bench.workload import (
 )
 from eventstore.boundary import ToolBoundary
 from eventstore.contracts import RunContext, ToolEnvelope
-from eventstore.scripts import FOLDER, AppendScript, CreateScript
+from eventstore.scripts import FOLDER, AppendScript, CreateScript, is_committed
 from eventstore.store import Store
 from eventstore.writer import Writer, now_ms
 from machine.codes import EvidenceStatus
@@ -60,7 +60,7 @@ Calls = list[tuple[str, tuple[Any, ...]]]
 
 
 def _check_script(reply: Any) -> None:
-    if not isinstance(reply, bytes):  # a committed event is one string; the rest are lists
+    if not is_committed(reply):
         raise BenchError(f"script refused a benchmark write: {reply!r:.80}")
 
 

@@ -40,8 +40,9 @@ local event_type, version_text, event_id = ARGV[1], ARGV[2], ARGV[3]
 local prev_hash, event_hash, event_data, at_ms = ARGV[4], ARGV[5], ARGV[6], ARGV[7]
 local retention_ms, run_id, tool_call_id = ARGV[8], ARGV[9], ARGV[10]
 
+local event_field = 'e' .. version_text  -- where the record keeps this version's event id
 local rec = redis.call('HMGET', record, 'stage', 'version', 'last_hash', 'expires_at_ms',
-  'e' .. version_text)
+  event_field)
 if not rec[1] then return {'refused', 'RECORD_EXPIRED', 0} end
 
 -- A record whose stream is gone counts as expired. The write below finds that out with
@@ -93,7 +94,7 @@ if named and named ~= evidence then
 end
 redis.call('HSET', record, 'stage', dest, 'status', status_of(dest), 'evidence_status', evidence,
   'version', version_text, 'last_hash', event_hash, 'updated_at_ms', at_ms,
-  'e' .. version_text, event_id, unpack(fields, first))
+  event_field, event_id, unpack(fields, first))
 
 if dest == 'READY' or dest == 'ERROR' then
   -- A list this push creates gets the run's expiry, once; every later push finds it set.
