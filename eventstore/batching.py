@@ -12,7 +12,8 @@ so that about four are in flight and Redis runs one while the client reads and p
 another. Calls queued while every lane is busy go with the next pipeline a lane sends.
 The batcher keeps the connections its lanes used (at most ``max_lanes``) for the next
 lanes, and gives them back to the pool when it is closed: taking one from the pool and
-giving it back costs more than the rest of a round trip. A call made while nothing is in
+giving it back costs more than the rest of a round trip (while it holds one, its replies
+are read by a :class:`~eventstore.pipe.Pipe`, not by redis-py). A call made while nothing is in
 flight skips the queue: it is sent at once from its caller's own task, on a kept
 connection, so one call at a time pays for no flush, lane task or future (nor an extra
 turn of the loop, unless something else is ready to run in this one). Each caller gets
@@ -52,6 +53,7 @@ from redis.typing import EncodableT, KeyT
 from eventstore.deadlines import Deadlines
 from eventstore.errors import InvalidArgument
 from eventstore.logs import get_logger
+from eventstore.pipe import release_pipe
 from eventstore.wire import BatchStats, Call, pack_evalsha, send_batch
 
 log = get_logger("canon.batching")
@@ -245,6 +247,8 @@ class ScriptBatcher:
 
     async def _release(self, connection: Connection) -> None:
         connection.socket_timeout = self._limit_s
+        if not release_pipe(connection):  # replies still due: it cannot be read as before
+            await connection.disconnect(nowait=True)
         await self._client.connection_pool.release(connection)
 
     def _flush(self) -> None:

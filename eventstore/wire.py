@@ -2,7 +2,8 @@
 
 The batcher (:mod:`eventstore.batching`) decides which calls go together and on which
 connection; here they are sent: EVALSHA commands packed by hiredis in C, one exchange
-(every command written, then every reply read) bounded by one shared timer, error
+(every command written, then every reply read, through the connection's
+:class:`~eventstore.pipe.Pipe`) bounded by one shared timer, error
 replies in place of their call's reply, NOSCRIPT answered by loading the script and
 re-sending only the refused calls, and connection errors and timeouts retried with the
 client's ``Retry`` as redis-py retries a pipeline.
@@ -23,6 +24,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 from eventstore.deadlines import Deadlines
+from eventstore.pipe import pipe_for
 from eventstore.replies import reply_text
 
 
@@ -102,6 +104,11 @@ async def exchange(
 
 
 async def _write_read(connection: Connection, packed: list[bytes]) -> list[Any]:
+    pipe = pipe_for(connection)
+    if pipe is not None:
+        return await pipe.send(packed)
+    # Through redis-py: a connection a pipe cannot take over (eventstore.pipe), or one not
+    # connected yet (redis-py connects it; its next exchange has a pipe).
     replies: list[Any] = []
     await connection.send_packed_command(packed, check_health=False)
     for _ in packed:
