@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import asyncio
 from collections import deque
-from typing import Any
+from typing import Any, Final
 
 import hiredis
 from redis._parsers.base import BaseParser
@@ -35,6 +35,23 @@ from eventstore.logs import get_logger
 log = get_logger("canon.pipe")
 #: hiredis's type for RESP3 push messages (3.2 and later; before, they look like replies).
 _PUSH: Any = getattr(hiredis, "PushNotification", None)
+
+
+#: Reply types that need a second look: errors, push messages, and lists (whose first
+#: item may be a connection error, which redis-py raises).
+_SPECIAL: Final = (Exception, list)
+
+
+class _Exchange:
+    """Commands written together: their caller's future and the replies read so far."""
+
+    __slots__ = ("expected", "failure", "future", "replies")
+
+    def __init__(self, future: asyncio.Future[list[Any]], expected: int) -> None:
+        self.future = future
+        self.expected = expected
+        self.replies: list[Any] = []
+        self.failure: Exception | None = None  # a connection error among them
 
 
 class Pipe(asyncio.Protocol):
@@ -60,8 +77,8 @@ class Pipe(asyncio.Protocol):
         if decode is not None:
             options["encoding"], options["errors"] = decode
         self._reader = hiredis.Reader(**options)
-        # Each exchange in flight: its future, how many replies it awaits, those read.
-        self._exchanges: deque[tuple[asyncio.Future[list[Any]], int, list[Any]]] = deque()
+        self._exchanges: deque[_Exchange] = deque()  # in flight, in the order sent
+        self._loop = asyncio.get_running_loop()
         self._lost: Exception | None = None
         transport.set_protocol(self)
 
@@ -74,8 +91,8 @@ class Pipe(asyncio.Protocol):
         """
         if self._lost is not None or self._transport.is_closing():
             raise RedisConnectionError("Connection closed by server.")
-        future: asyncio.Future[list[Any]] = asyncio.get_running_loop().create_future()
-        self._exchanges.append((future, len(packed), []))
+        future: asyncio.Future[list[Any]] = self._loop.create_future()
+        self._exchanges.append(_Exchange(future, len(packed)))
         self._transport.writelines(packed)
         return future
 
@@ -102,25 +119,35 @@ class Pipe(asyncio.Protocol):
                 return
             if reply is False:
                 return
-            if _PUSH is not None and isinstance(reply, _PUSH):
-                self._push(reply)
-                continue
+            if isinstance(reply, _SPECIAL):  # an error, a push message or a list
+                if _PUSH is not None and isinstance(reply, _PUSH):
+                    self._push(reply)
+                    continue
+                if isinstance(reply, list) and reply:
+                    failure = reply[0] if isinstance(reply[0], RedisConnectionError) else None
+                else:
+                    failure = reply if isinstance(reply, RedisConnectionError) else None
+            else:
+                failure = None
             if not exchanges:
                 # A reply nobody asked for: the connection is out of step for good.
                 self._drop(InvalidResponse("Redis sent a reply no command was waiting for"))
                 return
-            future, expected, replies = exchanges[0]
+            exchange = exchanges[0]
+            replies = exchange.replies
             replies.append(reply)
-            if len(replies) < expected:
+            if failure is not None and exchange.failure is None:
+                exchange.failure = failure
+            if len(replies) < exchange.expected:
                 continue
             exchanges.popleft()
+            future = exchange.future
             if future.done():  # its caller left (cancelled): the connection is dropped
                 continue
-            failure = _connection_error(replies)
-            if failure is None:
+            if exchange.failure is None:
                 future.set_result(replies)
             else:
-                future.set_exception(failure)
+                future.set_exception(exchange.failure)
 
     def _push(self, message: Any) -> None:
         """Hand a push message to redis-py's parser, as its own reading would."""
@@ -143,7 +170,7 @@ class Pipe(asyncio.Protocol):
     def _fail(self, error: Exception) -> None:
         self._lost = error
         while self._exchanges:
-            future, _, _ = self._exchanges.popleft()
+            future = self._exchanges.popleft().future
             if not future.done():
                 future.set_exception(error)
 
@@ -157,28 +184,17 @@ def _pushed(pushes: set[asyncio.Task[Any]]) -> Any:
     return done
 
 
-def _connection_error(replies: list[Any]) -> Exception | None:
-    """The connection error among ``replies`` that redis-py would raise, if any."""
-    for reply in replies:
-        if isinstance(reply, RedisConnectionError):
-            return reply
-        if isinstance(reply, list) and reply and isinstance(reply[0], RedisConnectionError):
-            return reply[0]
-    return None
-
-
 def pipe_for(connection: Connection) -> Pipe | None:
     """The pipe of a connected ``connection``, attached now if it has none yet.
 
     None: the connection is not one a pipe can take over (see the module doc), or is not
     connected; it is read through redis-py.
     """
-    writer = getattr(connection, "_writer", None)
-    transport = getattr(writer, "transport", None)
-    if not isinstance(transport, asyncio.BaseTransport):
+    transport = _transport(connection)
+    if transport is None:
         return None
     protocol = transport.get_protocol()
-    if isinstance(protocol, Pipe):
+    if type(protocol) is Pipe:
         return protocol
     parser = getattr(connection, "_parser", None)
     resp3 = str(getattr(connection, "protocol", 2)) != "2"
@@ -188,14 +204,18 @@ def pipe_for(connection: Connection) -> Pipe | None:
         return None
     encoder = connection.encoder
     decode = (encoder.encoding, encoder.encoding_errors) if encoder.decode_responses else None
-    return Pipe(transport, decode, parser)  # type: ignore[arg-type]
+    return Pipe(transport, decode, parser)
+
+
+def _transport(connection: Connection) -> asyncio.Transport | None:
+    """The transport of a connected ``connection`` (None: not connected, or out of reach)."""
+    writer = getattr(connection, "_writer", None)
+    transport = getattr(writer, "transport", None)
+    return transport if isinstance(transport, asyncio.Transport) else None
 
 
 def release_pipe(connection: Connection) -> bool:
     """Detach ``connection``'s pipe, if it has one; False if it must be dropped instead."""
-    writer = getattr(connection, "_writer", None)
-    transport = getattr(writer, "transport", None)
-    if not isinstance(transport, asyncio.BaseTransport):
-        return True
-    protocol = transport.get_protocol()
+    transport = _transport(connection)
+    protocol = None if transport is None else transport.get_protocol()
     return protocol.detach() if isinstance(protocol, Pipe) else True

@@ -92,10 +92,14 @@ async def exchange(
     timer (:mod:`eventstore.deadlines`), where redis-py would start a task for the write
     and arm a timer per reply, and ``asyncio.timeout`` a timer per exchange.
     """
+    pipe = pipe_for(connection)
+    # Through redis-py: a connection a pipe cannot take over (eventstore.pipe), or one not
+    # connected yet (redis-py connects it; its next exchange has a pipe).
+    replies = pipe.send(packed) if pipe is not None else _through_redis_py(connection, packed)
     if limit is None:
-        return await _write_read(connection, packed)
+        return await replies
     try:
-        return await limit.run(_write_read(connection, packed))
+        return await limit.run(replies)
     except TimeoutError:
         # As redis-py does for its own timeouts: the connection is dropped (its replies
         # are out of step now) and the error is one its Retry re-sends after.
@@ -103,12 +107,7 @@ async def exchange(
         raise RedisTimeoutError("Timeout talking to Redis") from None
 
 
-async def _write_read(connection: Connection, packed: list[bytes]) -> list[Any]:
-    pipe = pipe_for(connection)
-    if pipe is not None:
-        return await pipe.send(packed)
-    # Through redis-py: a connection a pipe cannot take over (eventstore.pipe), or one not
-    # connected yet (redis-py connects it; its next exchange has a pipe).
+async def _through_redis_py(connection: Connection, packed: list[bytes]) -> list[Any]:
     replies: list[Any] = []
     await connection.send_packed_command(packed, check_health=False)
     for _ in packed:

@@ -226,6 +226,11 @@ async def test_an_error_reply_that_is_a_connection_error_fails_the_exchange(clie
         with pytest.raises(BusyLoadingError):
             await pipe.send([_packed("PING"), loading])
         assert await pipe.send([_packed("ECHO", "next")]) == [b"next"]  # still in step
+        # ... also when it heads a list, as redis-py looks there too.
+        heading = _packed("EVAL", "return {redis.error_reply('LOADING not yet'), 1}", 0)
+        with pytest.raises(BusyLoadingError):
+            await pipe.send([heading, _packed("PING")])
+        assert await pipe.send([_packed("ECHO", "after")]) == [b"after"]
     finally:
         release_pipe(connection)
         await client.connection_pool.release(connection)
