@@ -3,8 +3,8 @@
 The batcher keeps connections for its lanes and for lone calls (:mod:`eventstore.batching`),
 and every exchange on them is the same: write some EVALSHA commands, read one reply each.
 Through redis-py's asyncio connection, each reply passes its timeout and protocol checks,
-its error text, its parser and an ``asyncio.StreamReader``: about a tenth of the client's
-CPU per invocation when one call is in flight (docs/performance.md). A :class:`Pipe`
+its error text, its parser and an ``asyncio.StreamReader``: a few per cent of the
+client's CPU per invocation when one call is in flight (docs/performance.md). A :class:`Pipe`
 takes the place of the connection's stream protocol on its transport while the batcher
 holds the connection: bytes go to one hiredis reader as they arrive, and an exchange's
 future is settled once its last reply is read. Connecting, authentication and the
