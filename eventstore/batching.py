@@ -12,15 +12,15 @@ so that about four are in flight and Redis runs one while the client reads and p
 another. Calls queued while every lane is busy go with the next pipeline a lane sends.
 The batcher keeps the connections its lanes used (at most ``max_lanes``) for the next
 lanes, and gives them back to the pool when it is closed: taking one from the pool and
-giving it back costs more than the rest of a round trip (while it holds one, its replies
-are read by a :class:`~eventstore.pipe.Pipe`, not by redis-py). A call made while nothing is in
-flight skips the queue: it is sent at once from its caller's own task, on a kept
-connection, so one call at a time pays for no flush, lane task or future (nor an extra
-turn of the loop, unless something else is ready to run in this one). Each caller gets
-its own reply or its own exception: one failing script never fails its neighbours. No
-task or future is ever left with an exception nobody retrieves: every future is settled
-by the lane that took it or cancelled with its caller, and every lane's end is retrieved
-when it finishes.
+giving it back costs more than the rest of a round trip. While it holds a connection,
+its replies are read by a :class:`~eventstore.pipe.Pipe`, not by redis-py. A call made
+while nothing is in flight skips the queue: it is sent at once from its caller's own
+task, on a kept connection, so one call at a time pays for no flush, lane task or future
+(nor an extra turn of the loop, unless something else is ready to run in this one). Each
+caller gets its own reply or its own exception: one failing script never fails its
+neighbours. No task or future is ever left with an exception nobody retrieves: every
+future is settled by the lane that took it or cancelled with its caller, and every
+lane's end is retrieved when it finishes.
 
 Ordering: a pipeline carries its calls in the order they were made. Pipelines of
 different lanes may run in either order: harmless, because two events of one invocation
