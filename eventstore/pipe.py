@@ -14,8 +14,9 @@ before the connection goes back to the pool.
 On RESP3, Redis may send a push message (a key invalidation, a maintenance notice) at
 any time; the pipe hands each one to the connection's own redis-py parser, as redis-py's
 own reading does. A connection whose pushes cannot be told from replies (hiredis before
-3.2) or whose transport or parser is out of reach (a redis-py laid out otherwise) is read
-through redis-py as before: :func:`pipe_for` answers None.
+3.2), whose transport is not one of asyncio's own (uvloop's, for one) or whose transport
+or parser is out of reach (a redis-py laid out otherwise) is read through redis-py as
+before: :func:`pipe_for` answers None.
 """
 
 from __future__ import annotations
