@@ -154,7 +154,13 @@ class Pipe(asyncio.Protocol):
         """Hand a push message to redis-py's parser, as its own reading would."""
         task = asyncio.get_running_loop().create_task(self._parser.handle_push_response(message))
         self._pushes.add(task)
-        task.add_done_callback(_pushed(self._pushes))
+        task.add_done_callback(self._pushed)
+
+    def _pushed(self, task: asyncio.Task[Any]) -> None:
+        """Forget a handled push message; a handler's failure is logged by its type only."""
+        self._pushes.discard(task)
+        if not task.cancelled() and task.exception() is not None:
+            log.warning("push_message_failed", error=type(task.exception()).__name__)
 
     def connection_lost(self, exc: Exception | None) -> None:
         """Fail every exchange still waiting; let the stream protocol see the close too.
@@ -174,15 +180,6 @@ class Pipe(asyncio.Protocol):
             future = self._exchanges.popleft().future
             if not future.done():
                 future.set_exception(error)
-
-
-def _pushed(pushes: set[asyncio.Task[Any]]) -> Any:
-    def done(task: asyncio.Task[Any]) -> None:
-        pushes.discard(task)
-        if not task.cancelled() and task.exception() is not None:
-            log.warning("push_message_failed", error=type(task.exception()).__name__)
-
-    return done
 
 
 def pipe_for(connection: Connection) -> Pipe | None:
