@@ -19,6 +19,13 @@ client that follows redirects. redis-py's ``RedisCluster`` follows MOVED and ASK
 * **Node flags route as asked.** ``execute_command(..., target_nodes="primaries")`` of a
   command redis-py cannot map to a slot fails once the client is initialized (redis-py
   then looks for a key anyway); the flag is resolved into the nodes it names first.
+* **A connection error re-reads the slot table only.** After a timeout or a lost
+  connection redis-py reloads both of its tables before the next command runs: which
+  node serves which slot (``CLUSTER SLOTS``), and where each command's keys are
+  (``COMMAND``: every command the server knows, hundreds of entries to parse). The second
+  changes only with the servers' version, and a command it does not know still reloads
+  it; reloaded after every error, it made the first call after an outage miss a short
+  timeout on a busy client.
 * **Bursts wait for a connection.** redis-py's asyncio cluster pool raises
   ``MaxConnectionsError`` instead of waiting; here at most ``max_connections`` commands
   are in flight per client, so a burst queues as it does on a single server. Pipelines
@@ -36,6 +43,7 @@ import time
 from typing import Any, Final, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from redis._parsers import AsyncCommandsParser
 from redis.asyncio import Redis
 from redis.asyncio.cluster import ClusterNode, ClusterPipeline, RedisCluster
 from redis.asyncio.retry import Retry
@@ -83,6 +91,7 @@ class ClusterClient(RedisCluster):
         self.commands_retried = 0
         self._commands = asyncio.Semaphore(max_in_flight)
         self._pipelines = asyncio.Semaphore(PIPELINE_RESERVE)
+        self.commands_parser = _CommandTable()
 
     def __repr__(self) -> str:
         return f"<ClusterClient commands_retried={self.commands_retried}>"
@@ -142,6 +151,24 @@ class ClusterClient(RedisCluster):
         # redis-py's stubs mark ClusterPipeline abstract (its own pipeline() builds one
         # exactly like this); nothing abstract is left at run time.
         return _BoundedPipeline(self, transaction)  # type: ignore[abstract]
+
+
+class _CommandTable(AsyncCommandsParser):
+    """redis-py's table of where each command's keys are, read from the servers once."""
+
+    __slots__ = ()
+
+    async def initialize(self, node: ClusterNode | None = None) -> None:
+        """Read the table unless it is loaded; always take ``node`` for key lookups.
+
+        redis-py calls this with the new default node each time it re-reads the slot
+        table, and without a node when a command is missing from the table (the servers
+        were upgraded), which still reloads it.
+        """
+        if node is not None and self.commands:
+            self.node = node
+            return
+        await super().initialize(node)
 
 
 class _BoundedPipeline(ClusterPipeline):

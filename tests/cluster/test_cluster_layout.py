@@ -11,10 +11,11 @@ from typing import Any
 
 import pytest
 from redis.asyncio.cluster import RedisCluster
+from redis.exceptions import RedisError
 
 from canon.connection import add_connection_args, open_store
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.cluster import ClusterClient, split_cluster_parameter
+from eventstore.cluster import ClusterClient, cluster_client, split_cluster_parameter
 from eventstore.errors import InvalidArgument, NamespaceMismatch
 from eventstore.keys import shard_of
 from machine.ids import invocation_id
@@ -181,6 +182,46 @@ async def test_a_store_from_a_cluster_url_or_flag_uses_the_cluster_client(
     finally:
         for store in (by_flag, by_url, plain):
             await store.aclose()
+
+
+def table_reads(cluster: LocalCluster) -> tuple[int, int]:
+    """How often the masters answered ``CLUSTER SLOTS`` and ``COMMAND``, summed over them."""
+    slots = commands = 0
+    for node in cluster.nodes:
+        stats = node.command("INFO", "commandstats")
+        slots += stats.get("cmdstat_cluster|slots", {}).get("calls", 0)
+        commands += stats.get("cmdstat_command", {}).get("calls", 0)
+    return slots, commands
+
+
+async def test_after_a_timeout_the_client_rereads_the_slot_table_not_the_command_table(
+    redis_cluster: LocalCluster, namespace: str
+):
+    """A command that timed out makes the next one re-read which master serves which slot
+    before it runs; the table of where commands keep their keys (``COMMAND``, hundreds of
+    entries) is read once per client, and again only for a command it does not know."""
+    client = cluster_client(redis_cluster.url, timeout_s=0.2)
+    key = f"{namespace}:k"
+    try:
+        await client.set(key, b"v")
+        slots_before, commands_before = table_reads(redis_cluster)
+        for node in redis_cluster.nodes:
+            node.command("CLIENT", "PAUSE", 1000, "ALL")
+        with pytest.raises(RedisError):
+            await client.get(key)
+        for node in redis_cluster.nodes:
+            node.command("PING")  # held by the pause: returns once it is over
+
+        assert await client.get(key) == b"v"
+        slots_after, commands_after = table_reads(redis_cluster)
+        assert slots_after > slots_before and commands_after == commands_before
+
+        with pytest.raises(RedisError, match="doesn't exist"):
+            await client.execute_command("NO-SUCH-COMMAND", key)
+        assert table_reads(redis_cluster)[1] == commands_before + 1
+    finally:
+        await client.delete(key)
+        await client.aclose()
 
 
 @pytest.mark.parametrize("how", ["flag", "environment"])
