@@ -41,9 +41,35 @@ MODES: Final = (
     Mode("sync_boundary", "sync boundary", "y", threads=True),
 )
 BY_KEY: Final = {mode.key: mode for mode in MODES}
+#: The order the modes run in within one repeat: each goal's mode beside the floor it is
+#: compared with (the boundary between the minimal floor, naive, and the minimal floor,
+#: sync; the writer beside the script floor), since a shared machine's speed drifts over
+#: seconds and a pair's two windows should see the same machine. See :func:`run_order`.
+RUN_ORDER: Final = (
+    "minimal_pipelined",
+    "script_ceiling",
+    "writer",
+    "script_floor",
+    "minimal_naive",
+    "boundary",
+    "minimal_sync",
+    "boundary_def_tool",
+    "sync_boundary",
+)
 #: The modes every other is compared with, pair by pair, in the report's ``ratios``.
 REFERENCES: Final = ("minimal_naive", "minimal_sync", "script_floor")
 #: The metrics those ratios are taken of.
 RATIO_METRICS: Final = ("invocations_per_s", "p99_ms", "client_cpu_us", "server_cpu_us")
+
 #: Modes whose latencies are of a whole pipeline of invocations, not of one append.
 PIPELINED: Final = frozenset({"minimal_pipelined", "script_ceiling"})
+
+
+def run_order(repeat: int) -> tuple[str, ...]:
+    """The modes' keys in the order repeat ``repeat`` runs them: forward, then backward.
+
+    Reversing every other repeat keeps neighbours side by side and puts each mode of a
+    pair first as often as second, so a drift that is steady over a pair of repeats adds
+    as much to one mode as to the other (an A-B-B-A design).
+    """
+    return RUN_ORDER if repeat % 2 == 0 else RUN_ORDER[::-1]

@@ -1,7 +1,8 @@
 """One throughput section: every mode at every concurrency, repeated, on one server.
 
-Used for the section without persistence and for each durability column. The modes run
-in rotating order within each repeat, and every mode's samples are compared with each
+Used for the section without persistence and for each durability column. Within each
+repeat the modes run in :func:`~canon.bench.modes.run_order`, each goal's mode beside its
+floor, forward and backward in turn, and every mode's samples are compared with each
 reference's (:data:`~canon.bench.modes.REFERENCES`) pair by pair: repeat *i* against the
 reference's repeat *i* at the same concurrency, which cancels most of a shared
 machine's drift.
@@ -18,7 +19,7 @@ from typing import Any
 from redis.asyncio import Redis
 from redis.exceptions import ResponseError
 
-from canon.bench.modes import MODES, RATIO_METRICS, REFERENCES
+from canon.bench.modes import MODES, RATIO_METRICS, REFERENCES, run_order
 from canon.bench.report import spread
 from canon.bench.scale import delete_namespace
 from canon.bench.throughput import ThroughputBench
@@ -127,9 +128,7 @@ async def measure_throughput(
                 for repeat in range(timing.repeats):
                     progress(f"throughput: repeat {repeat + 1} of {timing.repeats}")
                     for tasks in concurrency:
-                        # Rotating the order spreads any drift across the modes.
-                        order = keys[repeat % len(keys) :] + keys[: repeat % len(keys)]
-                        for mode in order:
+                        for mode in run_order(repeat):
                             sample = await bench.run(
                                 mode, repeat, tasks, timing.warmup_s, timing.duration_s
                             )
