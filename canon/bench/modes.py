@@ -60,7 +60,6 @@ RUN_ORDER: Final = (
 REFERENCES: Final = ("minimal_naive", "minimal_sync", "script_floor")
 #: The metrics those ratios are taken of.
 RATIO_METRICS: Final = ("invocations_per_s", "p99_ms", "client_cpu_us", "server_cpu_us")
-
 #: Modes whose latencies are of a whole pipeline of invocations, not of one append.
 PIPELINED: Final = frozenset({"minimal_pipelined", "script_ceiling"})
 

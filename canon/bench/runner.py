@@ -335,16 +335,13 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
             report.update(section)
         with _section_time(report, "projection_lag"):
             await _lag(url, options, progress, report)
-        if options.redis_url is not None:
-            with _section_time(report, "memory"):
-                progress("memory: per invocation")
-                await _memory_section(url, options, "configured", report)
-    if options.redis_url is None:
-        # A server of its own: the throughput section leaves the keyspace tables grown,
-        # and their shrinking, on Redis's schedule, would land in one of the readings.
-        with _section_time(report, "memory"), _server(options, progress) as url:
-            progress("memory: per invocation")
-            await _memory_section(url, options, "recommended", report)
+    # A private server of its own (a given URL is measured as it is): the throughput
+    # section leaves the keyspace tables grown, and their shrinking, on Redis's
+    # schedule, would land in one of the readings.
+    with _section_time(report, "memory"), _server(options, progress) as url:
+        progress("memory: per invocation")
+        name = "configured" if options.redis_url else "recommended"
+        await _memory_section(url, options, name, report)
     with _section_time(report, "durability"):
         report["durability"] = await _durability(options, progress)
     if options.redis_url is None:
