@@ -101,10 +101,17 @@ async def exchange(
     try:
         return await limit.run(replies)
     except TimeoutError:
-        # As redis-py does for its own timeouts: the connection is dropped (its replies
-        # are out of step now) and the error is one its Retry re-sends after.
-        await connection.disconnect(nowait=True)
-        raise RedisTimeoutError("Timeout talking to Redis") from None
+        raise await _timed_out(connection) from None
+
+
+async def _timed_out(connection: Connection) -> RedisTimeoutError:
+    """Drop ``connection`` after a timeout; the error to raise for it.
+
+    As redis-py does for its own timeouts: the connection is dropped (its replies are out
+    of step now) and the error is one its Retry re-sends after.
+    """
+    await connection.disconnect(nowait=True)
+    return RedisTimeoutError("Timeout talking to Redis")
 
 
 async def _through_redis_py(connection: Connection, packed: list[bytes]) -> list[Any]:
@@ -119,63 +126,66 @@ async def _through_redis_py(connection: Connection, packed: list[bytes]) -> list
 
 
 async def send_batch(
-    batch: list[Call], connection: Connection, limit: Deadlines | None, stats: BatchStats
+    batch: list[Call],
+    connection: Connection,
+    limit: Deadlines | None,
+    stats: BatchStats,
+    *,
+    reload: bool = True,
 ) -> list[Any]:
-    """Send ``batch`` on ``connection``; its replies (errors in place), one per call.
+    """Send ``batch`` on ``connection`` within ``limit``; its replies (errors in place).
 
-    NOSCRIPT is answered by loading each refused script once, on this connection,
-    and re-sending only the refused calls (a refused EVALSHA did not run).
-    """
-    replies = await _round_trip(batch, connection, limit, stats)
-    for reply in replies:
-        if isinstance(reply, NoScriptError):
-            break
-    else:
-        return replies  # the usual case: every script was known
-    refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
-    if refused:
-        scripts = {id(batch[i].script): batch[i].script for i in refused}
-        for script in scripts.values():
-            # On the lane's own connection: with a small pool held by busy lanes, one
-            # more connection could be long in coming.
-            script.sha = await connection.retry.call_with_retry(
-                lambda: load_script(connection, script.script, limit),  # noqa: B023 - awaited here
-                lambda _error: connection.disconnect(),
-            )
-            stats.reloads += 1
-        again = [batch[i] for i in refused]
-        for call in again:
-            call.packed = pack_evalsha(call.script.sha, call.args)
-        resent = await _round_trip(again, connection, limit, stats)
-        for i, reply in zip(refused, resent, strict=True):
-            replies[i] = reply
-    return replies
-
-
-async def _round_trip(
-    batch: list[Call], connection: Connection, limit: Deadlines | None, stats: BatchStats
-) -> list[Any]:
-    """Send ``batch`` on ``connection`` within ``limit``; errors come back in place.
-
-    Connection errors and timeouts are retried with the connection's ``Retry``
-    (the client's), as redis-py retries a pipeline: the connection is dropped and the
-    whole batch is sent again on a fresh one.
+    Connection errors and timeouts are retried with the connection's ``Retry`` (the
+    client's), as redis-py retries a pipeline: the connection is dropped and the whole
+    batch is sent again on a fresh one. With ``reload``, NOSCRIPT is answered by loading
+    each refused script once, on this connection, and re-sending only the refused calls
+    (a refused EVALSHA did not run).
     """
     stats.largest_batch = max(stats.largest_batch, len(batch))
-    packed = [call.packed for call in batch]
     stats.round_trips += 1
+    packed = [call.packed for call in batch]
+    pipe = pipe_for(connection)
     try:
-        return await exchange(connection, packed, limit)
-    except Exception as exc:  # the Retry below decides what is retried, exactly as before
-        failure: Exception | None = exc
+        # The first attempt. On a pipe, the exchange is written out here: every write of
+        # a tool call comes this way, and each coroutine between it and its reply is
+        # suspended and resumed once per round trip.
+        if pipe is None:
+            replies = await exchange(connection, packed, limit)
+        elif limit is None:
+            replies = await pipe.send(packed)
+        else:
+            try:
+                replies = await limit.run(pipe.send(packed))
+            except TimeoutError:
+                raise await _timed_out(connection) from None
+    except Exception as exc:  # the Retry decides what is retried
+        replies = await _retried(exc, connection, packed, limit, stats)
+    if reload:
+        for reply in replies:
+            if isinstance(reply, NoScriptError):
+                return await _reloaded(batch, replies, connection, limit, stats)
+    return replies  # the usual case: every script was known
+
+
+async def _retried(
+    failure: Exception,
+    connection: Connection,
+    packed: list[bytes],
+    limit: Deadlines | None,
+    stats: BatchStats,
+) -> list[Any]:
+    """Go on after a first attempt that raised ``failure``, as the connection's Retry says.
+
+    The first attempt was made outside the Retry (no closure, no retry frame while all
+    goes well): its failure is replayed as the Retry's first attempt, so the Retry counts,
+    backs off, disconnects and gives up exactly as if it had made it.
+    """
+    first: Exception | None = failure
 
     async def attempt() -> list[Any]:
-        # The first attempt was made above, outside the Retry (no closure, no retry frame
-        # while all goes well): its failure is replayed as this attempt's, so the Retry
-        # counts, backs off, disconnects and gives up exactly as if it had made it.
-        nonlocal failure
-        if failure is not None:
-            error, failure = failure, None
+        nonlocal first
+        if first is not None:
+            error, first = first, None
             raise error
         stats.round_trips += 1
         stats.resends += 1
@@ -184,4 +194,31 @@ async def _round_trip(
     replies: list[Any] = await connection.retry.call_with_retry(
         attempt, lambda _error: connection.disconnect()
     )
+    return replies
+
+
+async def _reloaded(
+    batch: list[Call],
+    replies: list[Any],
+    connection: Connection,
+    limit: Deadlines | None,
+    stats: BatchStats,
+) -> list[Any]:
+    """``replies`` with every NOSCRIPT replaced by its call's reply once its script is loaded."""
+    refused = [i for i, reply in enumerate(replies) if isinstance(reply, NoScriptError)]
+    scripts = {id(batch[i].script): batch[i].script for i in refused}
+    for script in scripts.values():
+        # On the lane's own connection: with a small pool held by busy lanes, one
+        # more connection could be long in coming.
+        script.sha = await connection.retry.call_with_retry(
+            lambda: load_script(connection, script.script, limit),  # noqa: B023 - awaited here
+            lambda _error: connection.disconnect(),
+        )
+        stats.reloads += 1
+    again = [batch[i] for i in refused]
+    for call in again:
+        call.packed = pack_evalsha(call.script.sha, call.args)
+    resent = await send_batch(again, connection, limit, stats, reload=False)
+    for i, reply in zip(refused, resent, strict=True):
+        replies[i] = reply
     return replies
