@@ -115,8 +115,7 @@ async def measure_throughput(
     rewrites off) the append-only file is rewritten after each repeat's data is deleted,
     outside every timed window.
     """
-    keys = [mode.key for mode in MODES]
-    samples: Samples = {m: {c: [] for c in concurrency} for m in keys}
+    samples: Samples = {mode.key: {c: [] for c in concurrency} for mode in MODES}
     namespace = "bench" + secrets.token_hex(4)
     bare = Redis.from_url(url)
     store = Store.from_url(url, namespace=namespace, max_connections=_MAX_CONNECTIONS)
