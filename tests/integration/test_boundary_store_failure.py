@@ -155,6 +155,34 @@ async def test_redis_paused_mid_call(own_store: Store, admin: Redis, namespace: 
     assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
 
 
+async def test_redis_paused_while_the_projector_runs(
+    own_store: Store, admin: Redis, namespace: str
+):
+    """A server paused while the projector runs: the result could not be stored, so the
+    agent gets STORE_UNAVAILABLE, never the result; the record keeps the raw response and
+    stays PROJECTING, without a result."""
+    tool = FakeTool()
+
+    async def pausing_projector(raw: Any, call: ToolCall) -> Any:
+        if call.tool_call_id == "c1":
+            await pause(admin)
+        return tool.projector(raw, call)
+
+    boundary = ToolBoundary(
+        own_store, {TOOL: msgspec.structs.replace(tool.spec(), projector=pausing_projector)}
+    )
+
+    reply, elapsed = await timed_invoke(boundary, "c1")
+
+    assert_unavailable(reply, namespace)
+    assert elapsed < PAUSE_MS / 1000 - 0.5 and tool.projected == 1
+    await pause_over(admin)
+    record = await own_store.get(RUN, "c1")
+    assert record is not None and record.state.status is Status.PROJECTING
+    assert record.raw is not None and record.result is None
+    assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
+
+
 async def test_redis_killed_while_the_executor_runs(
     own_store: Store, server: EmbeddedRedis, namespace: str
 ):

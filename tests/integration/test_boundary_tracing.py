@@ -301,3 +301,56 @@ def test_with_the_package_but_no_provider_no_span_is_built():
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["False", "True"]
+
+
+FROM_ENVIRONMENT = textwrap.dedent(
+    """
+    from eventstore import tracing
+
+    print(tracing.tracing())
+    """
+)
+
+
+def test_a_provider_named_in_the_environment_is_traced():
+    """``OTEL_PYTHON_TRACER_PROVIDER`` names the provider, and nothing sets one in code:
+    calls are traced from the first, as the API loads that provider."""
+    result = subprocess.run(
+        [sys.executable, "-c", FROM_ENVIRONMENT],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env={**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"},
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["True"]
+
+
+NO_OP = textwrap.dedent(
+    """
+    from opentelemetry import trace
+
+    from eventstore import tracing
+
+    trace.set_tracer_provider(trace.NoOpTracerProvider())
+    print(tracing.tracing())
+    """
+)
+
+
+def test_a_no_op_provider_set_in_code_is_not_traced():
+    """A provider that records nothing, set on purpose, builds no span either."""
+    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
+    result = subprocess.run(
+        [sys.executable, "-c", NO_OP],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        cwd=ROOT,
+        env=env,
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False"]
