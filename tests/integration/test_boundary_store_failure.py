@@ -76,6 +76,11 @@ async def timed_invoke(boundary: ToolBoundary, call_id: str) -> tuple[Any, float
     return reply, time.perf_counter() - started
 
 
+def boundary_with(store: Store, tool: FakeTool, **replaced: Any) -> ToolBoundary:
+    """A boundary running ``tool`` with some of its functions replaced."""
+    return ToolBoundary(store, {TOOL: msgspec.structs.replace(tool.spec(), **replaced)})
+
+
 async def test_redis_down_before_the_call(own_store: Store, server: EmbeddedRedis, namespace: str):
     """With the server stopped, a call answers STORE_UNAVAILABLE within the bound and runs
     nothing; after a restart the same boundary serves calls again."""
@@ -143,9 +148,7 @@ async def test_redis_paused_mid_call(own_store: Store, admin: Redis, namespace: 
             await pause(admin)
         return {"rows": 1}
 
-    boundary = ToolBoundary(
-        own_store, {TOOL: msgspec.structs.replace(tool.spec(), executor=pausing_executor)}
-    )
+    boundary = boundary_with(own_store, tool, executor=pausing_executor)
 
     reply, elapsed = await timed_invoke(boundary, "c1")
 
@@ -168,9 +171,7 @@ async def test_redis_paused_while_the_projector_runs(
             await pause(admin)
         return tool.projector(raw, call)
 
-    boundary = ToolBoundary(
-        own_store, {TOOL: msgspec.structs.replace(tool.spec(), projector=pausing_projector)}
-    )
+    boundary = boundary_with(own_store, tool, projector=pausing_projector)
 
     reply, elapsed = await timed_invoke(boundary, "c1")
 
@@ -195,9 +196,7 @@ async def test_redis_killed_while_the_executor_runs(
             server.kill()
         return {"rows": 1}
 
-    boundary = ToolBoundary(
-        own_store, {TOOL: msgspec.structs.replace(tool.spec(), executor=killing_executor)}
-    )
+    boundary = boundary_with(own_store, tool, executor=killing_executor)
 
     reply, elapsed = await timed_invoke(boundary, "c1")
 

@@ -288,19 +288,29 @@ UNCONFIGURED = textwrap.dedent(
 )
 
 
-def test_with_the_package_but_no_provider_no_span_is_built():
-    """The API installed by some dependency but never configured: calls are not traced
-    (no no-op span built and ended per call); once a provider is set, the next call is."""
+def tracing_answers(source: str, **environment: str | None) -> list[str]:
+    """What ``source`` prints in a fresh interpreter, with ``environment`` changed
+    (None: the variable is removed); the process must succeed."""
+    env = {k: v for k, v in os.environ.items() if k not in environment}
+    env.update({k: v for k, v in environment.items() if v is not None})
     result = subprocess.run(
-        [sys.executable, "-c", UNCONFIGURED],
+        [sys.executable, "-c", source],
         capture_output=True,
         text=True,
         timeout=60,
         check=False,
         cwd=ROOT,
+        env=env,
     )
     assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False", "True"]
+    return result.stdout.split()
+
+
+def test_with_the_package_but_no_provider_no_span_is_built():
+    """The API installed by some dependency but never configured: calls are not traced
+    (no no-op span built and ended per call); once a provider is set, the next call is."""
+    answers = tracing_answers(UNCONFIGURED, OTEL_PYTHON_TRACER_PROVIDER=None)
+    assert answers == ["False", "True"]
 
 
 FROM_ENVIRONMENT = textwrap.dedent(
@@ -315,17 +325,8 @@ FROM_ENVIRONMENT = textwrap.dedent(
 def test_a_provider_named_in_the_environment_is_traced():
     """``OTEL_PYTHON_TRACER_PROVIDER`` names the provider, and nothing sets one in code:
     calls are traced from the first, as the API loads that provider."""
-    result = subprocess.run(
-        [sys.executable, "-c", FROM_ENVIRONMENT],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-        env={**os.environ, "OTEL_PYTHON_TRACER_PROVIDER": "sdk_tracer_provider"},
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["True"]
+    answers = tracing_answers(FROM_ENVIRONMENT, OTEL_PYTHON_TRACER_PROVIDER="sdk_tracer_provider")
+    assert answers == ["True"]
 
 
 NO_OP = textwrap.dedent(
@@ -342,15 +343,4 @@ NO_OP = textwrap.dedent(
 
 def test_a_no_op_provider_set_in_code_is_not_traced():
     """A provider that records nothing, set on purpose, builds no span either."""
-    env = {k: v for k, v in os.environ.items() if k != "OTEL_PYTHON_TRACER_PROVIDER"}
-    result = subprocess.run(
-        [sys.executable, "-c", NO_OP],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=ROOT,
-        env=env,
-    )
-    assert result.returncode == 0, result.stderr
-    assert result.stdout.split() == ["False"]
+    assert tracing_answers(NO_OP, OTEL_PYTHON_TRACER_PROVIDER=None) == ["False"]
