@@ -27,10 +27,10 @@ import structlog
 
 from canon.argtypes import positive
 from canon.failures import CommandError, check_url
-from eventstore.embedded import EmbeddedRedis
 from eventstore.errors import CanonError
-from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
+from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import DEFAULT_TTL, Store
+from eventstore.wire.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
 
 log = structlog.get_logger("canon.connection")
 
@@ -107,6 +107,7 @@ def configured_url(args: argparse.Namespace) -> str | None:
 
     Raises:
         CommandError: the URL is not one Redis understands.
+
     """
     url = getattr(args, "redis_url", None) or os.environ.get("REDIS_URL")
     if url:
@@ -129,6 +130,7 @@ def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
 
     Raises:
         CommandError: the folder cannot be created or written.
+
     """
     try:
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -156,6 +158,7 @@ async def open_store(
 
     Raises:
         ConnectionSettingsError: no server is configured and ``embedded`` is False.
+
     """
     async with AsyncExitStack() as stack:
         url = configured_url(args)

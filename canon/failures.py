@@ -68,6 +68,7 @@ def check_url(url: str) -> str:
 
     Raises:
         CommandError: the scheme is not one Redis understands, or the port is not a port.
+
     """
     parts = urlsplit(url)
     if parts.scheme not in URL_SCHEMES:

@@ -131,6 +131,7 @@ def configure_logging(*, json: bool | None = None, level: str = "INFO") -> None:
         json: JSON lines when True, console lines when False, and by default JSON unless
             standard error is a terminal.
         level: the lowest level written.
+
     """
     if json is None:
         json = not sys.stderr.isatty()

@@ -23,8 +23,8 @@ from canon.logs import configure_logging
 from eventstore.store import Store
 from projections.metrics import Metrics, metrics_server
 from projections.progress import ProgressWorker
-from projections.receipt_projection import ReceiptWorker
-from projections.runtime import Worker, WorkerOptions
+from projections.receipts.projection import ReceiptWorker
+from projections.worker.runtime import Worker, WorkerOptions
 
 #: Pause before each entry, in ms: load shaping, and how fault tests slow a worker down.
 THROTTLE_ENV: Final = "CANON_WORKER_THROTTLE_MS"

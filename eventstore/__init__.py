@@ -1,10 +1,10 @@
 """Everything that talks to Redis for writes and audit: the canonical invocation store."""
 
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import (
+from eventstore.boundary import (
     AgentReply,
     Projection,
     RunContext,
+    ToolBoundary,
     ToolCall,
     ToolEnvelope,
     ToolError,
@@ -12,14 +12,14 @@ from eventstore.contracts import (
     ToolSpec,
     reply_to_builtins,
 )
-from eventstore.durability import DurabilityError
 from eventstore.errors import CanonError, Refused, StoreClosed, StoreUnavailable, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
-from eventstore.replication import ReplicationTimeout
 from eventstore.runs import OpenedRun, RunInfo
+from eventstore.server.durability import DurabilityError
 from eventstore.settings import StoreSettings
 from eventstore.store import Store
 from eventstore.sync import SyncBoundary, SyncStore
+from eventstore.wire.replication import ReplicationTimeout
 from machine.limits import Limits
 
 __all__ = [

@@ -13,7 +13,7 @@ import msgspec
 from redis.asyncio import Redis
 
 from eventstore.errors import CanonError, redis_errors
-from eventstore.keys import Keys
+from eventstore.wire.keys import Keys
 from machine.events import Event, decode_event, event_hash
 from machine.fold import InvocationState, state_from_record
 

@@ -16,8 +16,8 @@ import msgspec
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument, redis_errors
-from eventstore.keys import Keys, shard_of
-from eventstore.scripts import OpenRunScript, Scripts, UpdateRunScript
+from eventstore.wire.keys import Keys, shard_of
+from eventstore.wire.scripts import OpenRunScript, Scripts, UpdateRunScript
 from machine.ids import is_run_id, is_tool_name
 
 _TOKEN_PREFIX: Final = "cr1"  # noqa: S105 (a format marker, not a secret)

@@ -13,10 +13,10 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final, TypedDict, Unpack
 
-from eventstore.durability import DurabilityMode
 from eventstore.errors import InvalidArgument
-from eventstore.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
-from eventstore.replication import DEFAULT_REPLICA_TIMEOUT_MS
+from eventstore.server.durability import DurabilityMode
+from eventstore.wire.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
+from eventstore.wire.replication import DEFAULT_REPLICA_TIMEOUT_MS
 from machine.limits import Limits
 
 DEFAULT_TTL: Final = timedelta(days=1)
@@ -40,7 +40,7 @@ class StoreSettings:
         limits: byte limits of requests, responses, results and facts.
         timeout_s: bound of every Redis command (and of waiting for a connection).
         durability: what entering the store does about a server that could lose or
-            evict records: ``warn``, ``strict`` or ``off`` (:mod:`eventstore.durability`).
+            evict records: ``warn``, ``strict`` or ``off`` (:mod:`eventstore.server.durability`).
         replicas: replicas that must have an append before it is acknowledged.
         replica_timeout_ms: longest wait for those replicas.
         read_only: a store for processes that only read (``canon serve`` without

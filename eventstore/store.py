@@ -21,20 +21,10 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventstore.batching import ScriptBatcher
-from eventstore.cluster import (
-    cluster_client,
-    cluster_of,
-    split_cluster_parameter,
-    store_client,
-)
-from eventstore.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.errors import InvalidArgument, NamespaceMismatch, WrongEventLoop, redis_errors
-from eventstore.keys import LAYOUT, LAYOUTS, LEGACY_LAYOUT, Keys
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
-from eventstore.replication import ReplicaAcknowledgedCalls, validate_replicas
 from eventstore.runs import OpenedRun, RunInfo, RunRegistry
-from eventstore.scripts import Scripts
+from eventstore.server.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.settings import (
     DEFAULT_TTL,
     FEED_GRACE,
@@ -42,7 +32,17 @@ from eventstore.settings import (
     StoreSettings,
     milliseconds,
 )
-from eventstore.wire import BatchStats
+from eventstore.wire.batching import ScriptBatcher
+from eventstore.wire.cluster import (
+    cluster_client,
+    cluster_of,
+    split_cluster_parameter,
+    store_client,
+)
+from eventstore.wire.exchange import BatchStats
+from eventstore.wire.keys import LAYOUT, LAYOUTS, LEGACY_LAYOUT, Keys
+from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_replicas
+from eventstore.wire.scripts import Scripts
 from eventstore.writer import Writer, now_ms
 from machine.ids import is_run_id
 
@@ -76,8 +76,8 @@ class Store:
     * ``settings``: the :class:`~eventstore.settings.StoreSettings` it was built with
       (TTL, limits, timeouts), so that what they derive (a receipt's result bound, a
       feed trim horizon, a read timeout) agrees with the store's own writes.
-    * ``keys``: the key layout (:class:`~eventstore.keys.Keys`); every key they touch
-      comes from it, since only :mod:`eventstore.keys` formats or parses a key.
+    * ``keys``: the key layout (:class:`~eventstore.wire.keys.Keys`); every key they touch
+      comes from it, since only :mod:`eventstore.wire.keys` formats or parses a key.
     * ``client``: the Redis (or cluster) client, for the reads, scripts and consumer
       groups of their own (their calls go through :func:`~eventstore.errors.redis_errors`);
       ``cluster`` is the cluster client, or None on a single server, for what must be
@@ -175,9 +175,9 @@ class Store:
 
         ``durability`` (``warn``, ``strict`` or ``off``) decides what entering the store
         does about a server that could lose or evict records (see
-        :mod:`eventstore.durability`). With ``replicas`` > 0 an append is acknowledged
+        :mod:`eventstore.server.durability`). With ``replicas`` > 0 an append is acknowledged
         only once that many replicas have it, waiting at most ``replica_timeout_ms``
-        (see :mod:`eventstore.replication`).
+        (see :mod:`eventstore.wire.replication`).
 
         A ``read_only`` store is for processes that only read (``canon serve`` without
         workers, a reader ACL user): entering it writes nothing, not even the namespace
@@ -261,9 +261,9 @@ class Store:
     async def check_namespace(self) -> None:
         """Record a new namespace's shard count and key layout, or adopt an existing one's.
 
-        A namespace created here records :data:`~eventstore.keys.LAYOUT`; one whose
+        A namespace created here records :data:`~eventstore.wire.keys.LAYOUT`; one whose
         metadata names no layout was created before layouts were recorded and is read and
-        written in :data:`~eventstore.keys.LEGACY_LAYOUT` (:meth:`use_keys`). A read-only
+        written in :data:`~eventstore.wire.keys.LEGACY_LAYOUT` (:meth:`use_keys`). A read-only
         store only reads the metadata (a namespace nobody wrote yet is then taken as built
         with this store's shard count, in the current layout).
 

@@ -25,12 +25,12 @@ from typing import Any, Self, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
-from eventstore.durability import DurabilityMode, DurabilityReport
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import StoreClosed, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.runs import OpenedRun, RunInfo
+from eventstore.server.durability import DurabilityMode, DurabilityReport
 from eventstore.store import Store
 from machine.limits import Limits
 
@@ -96,6 +96,7 @@ class SyncStore:
 
     Use :meth:`from_url` to build one and ``with`` to check the namespace and the
     server's durability on entry and close everything on exit.
+
     """
 
     def __init__(self, client: Redis | RedisCluster, **options: Any) -> None:
@@ -259,7 +260,7 @@ class SyncStore:
 
 
 class SyncBoundary:
-    """A :class:`~eventstore.boundary.ToolBoundary` for threads: ``invoke`` blocks.
+    """A :class:`~eventstore.boundary.tool_boundary.ToolBoundary` for threads: ``invoke`` blocks.
 
     Args:
         store: the sync store whose loop runs the calls.
@@ -269,6 +270,7 @@ class SyncBoundary:
 
     Safe to call from any number of threads at once. Closed with its store, or earlier
     with :meth:`close`.
+
     """
 
     def __init__(self, store: SyncStore, tools: Mapping[str, ToolSpec], **options: Any) -> None:

@@ -17,8 +17,8 @@ from msgspec import UNSET
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument
-from eventstore.keys import Keys
-from eventstore.scripts import AppendScript, CreateScript, Scripts
+from eventstore.wire.keys import Keys
+from eventstore.wire.scripts import AppendScript, CreateScript, Scripts
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import (
     GENESIS_HASH,

@@ -6,7 +6,7 @@ Unsafe ids are refused, never rewritten and never replaced by a generated id.
   :data:`MAX_TOOL_CALL_ID_BYTES` UTF-8 bytes without whitespace, control characters or
   lone surrogates (so it is valid UTF-8). ``functions.get_weather:0``,
   ``call_…__thought__<base64>``, ``_x``, ``-x`` and ids holding ``:``, braces or glob
-  characters all pass; the key layout (:mod:`eventstore.keys`) puts the id last in every
+  characters all pass; the key layout (:mod:`eventstore.wire.keys`) puts the id last in every
   key, so any of them sits in a key unambiguously.
 - **Run ids** stay key-safe, because other key components and ``run:call`` pairs are
   split at the first ``:`` after them: 1 to :data:`MAX_ID_LENGTH` characters of

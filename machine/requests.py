@@ -71,6 +71,7 @@ def canonical_request(tool_input: object, *, max_depth: int, max_text_bytes: int
         InvalidRequest: not a JSON object, not finite, not UTF-8, nested too deeply, or
             holding a value JSON cannot encode.
         OverflowError: the JSON text is longer than ``max_text_bytes``.
+
     """
     if isinstance(tool_input, str | bytes | bytearray):
         if len(tool_input) > max_text_bytes:

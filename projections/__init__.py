@@ -8,9 +8,9 @@ from projections.facts import ObservedFact, observed_facts
 from projections.feed import FeedEntry, Outcome
 from projections.http import create_app
 from projections.progress import ProgressWorker, RunView, read_view
-from projections.receipt_projection import ReceiptWorker
-from projections.receipts import Receipt, build_receipt
-from projections.runtime import Worker
+from projections.receipts.builder import Receipt, build_receipt
+from projections.receipts.projection import ReceiptWorker
+from projections.worker.runtime import Worker
 
 __all__ = [
     "FeedEntry",

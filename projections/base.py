@@ -6,8 +6,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import ClassVar, Final, Self
 
-from eventstore.keys import shard_of
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from eventstore.writer import now_ms
 from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.generations import group_name

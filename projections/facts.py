@@ -13,10 +13,10 @@ from typing import Final, Literal, cast
 
 import msgspec
 
-from eventstore.contracts import RunContext
+from eventstore.boundary.contracts import RunContext
 from eventstore.errors import redis_errors
-from eventstore.keys import split_identity
 from eventstore.store import Store
+from eventstore.wire.keys import split_identity
 from machine.codes import EvidenceStatus, Status
 from machine.ids import invocation_id, is_run_id, is_tool_call_id
 
@@ -138,6 +138,7 @@ class FactScan(msgspec.Struct, kw_only=True):
         used_bytes: their encoded size.
         position: how many progress identities have been read.
         full: the count or byte bound was reached; no later identity can add a fact.
+
     """
 
     facts: list[ObservedFact] = msgspec.field(default_factory=list)

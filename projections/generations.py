@@ -5,7 +5,7 @@ current one (``canon rebuild``). The namespace metadata hash names the current g
 of each projection (``generation:<projection>``, 1 when absent); switching it is one
 HSET, so every reader moves at once. Generation 1 keeps the plain names (group
 ``receipts``, keys ``receipt:``); generation N > 1 uses group ``receipts.gN`` and keys
-``receipt.gN:`` (:func:`eventstore.keys.generation_kind`).
+``receipt.gN:`` (:func:`eventstore.wire.keys.generation_kind`).
 """
 
 from __future__ import annotations

@@ -33,19 +33,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from eventstore.contracts import RunContext
+from eventstore.audit.run_calls import run_calls
+from eventstore.boundary.contracts import RunContext
 from eventstore.errors import StoreUnavailable
 from eventstore.logs import get_logger
-from eventstore.run_calls import run_calls
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.ids import is_invocation_id
 from projections.facts import observed_facts
-from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
 from projections.metrics import Metrics
 from projections.progress import read_view
-from projections.receipts import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt, iso_ms
+from projections.receipts.builder import CAPABILITIES_SCHEMA, RECEIPT_SCHEMA, encode_receipt, iso_ms
+from projections.receipts.inspection import (
+    CapabilityChanged,
+    InvocationNotFound,
+    inspect_invocation,
+)
 
 log = get_logger("canon.http")
 

@@ -28,8 +28,8 @@ from projections.base import (
 from projections.facts import FactScan, extend_facts
 from projections.feed import FeedEntry, Outcome
 from projections.generations import current_generation
-from projections.runtime import Worker, WorkerOptions
 from projections.scripts import Unproduced, ViewPut, ViewsPutScript
+from projections.worker.runtime import Worker, WorkerOptions
 
 PROGRESS_PROJECTION: Final = "progress"
 

@@ -37,17 +37,17 @@ import msgspec
 from redis.asyncio import Redis
 
 from eventstore.errors import CanonError, InvalidArgument, redis_errors
-from eventstore.keys import generation_kind
 from eventstore.logs import get_logger
-from eventstore.replies import reply_text
 from eventstore.store import Store
+from eventstore.wire.keys import generation_kind
+from eventstore.wire.replies import reply_text
 from eventstore.writer import now_ms
 from projections.generations import REBUILD_FIELD, current_generation, group_name
-from projections.lag import feed_groups
 from projections.progress import ProgressProjection
-from projections.receipt_projection import ReceiptProjection
-from projections.runtime import Worker, default_consumer
+from projections.receipts.projection import ReceiptProjection
 from projections.scripts import FOLDER, SwitchGenerationScript
+from projections.worker.lag import feed_groups
+from projections.worker.runtime import Worker, default_consumer
 
 log = get_logger("canon.projections")
 

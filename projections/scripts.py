@@ -2,7 +2,7 @@
 
 Every write script stores a projection's output, moves its per-shard position and
 acknowledges the entry in one step. Scripts are loaded by the store's one loader
-(:mod:`eventstore.lua`); ``helpers.lua`` (pending check, settling) and ``batch_put.lua``
+(:mod:`eventstore.wire.lua`); ``helpers.lua`` (pending check, settling) and ``batch_put.lua``
 (the loop of the batch scripts) are included with ``-- @include``. A wrapper's
 ``layout`` is its script's KEYS and ARGV in order (checked against the header by a
 test) and its ``arguments`` the only code that fills them.
@@ -16,10 +16,10 @@ from typing import Any, Final, NamedTuple
 from redis.asyncio import Redis
 from redis.typing import EncodableT
 
-from eventstore.batching import ScriptBatcher
 from eventstore.errors import RebuildLost, redis_errors
-from eventstore.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
-from eventstore.replies import reply_text
+from eventstore.wire.batching import ScriptBatcher
+from eventstore.wire.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
+from eventstore.wire.replies import reply_text
 
 #: The projections' scripts folder.
 FOLDER: Final = ScriptFolder("projections")

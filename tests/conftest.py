@@ -35,8 +35,8 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
-from eventstore.binaries import ServerBinary, candidate_binaries, choose_redis_server
-from eventstore.embedded import RECOMMENDED_SERVER_ARGS, EmbeddedRedis
+from eventstore.server.binaries import ServerBinary, candidate_binaries, choose_redis_server
+from eventstore.server.embedded import RECOMMENDED_SERVER_ARGS, EmbeddedRedis
 
 #: The session-wide log scan (a plugin, so its hooks run in every session of the suite).
 pytest_plugins = ["tests.support.log_scan"]

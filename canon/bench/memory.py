@@ -17,8 +17,8 @@ from typing import Any
 from redis.asyncio import Redis
 
 from canon.bench.workload import TOOL, Payloads, tool_call_id_for
-from eventstore.replies import reply_text
 from eventstore.store import Store
+from eventstore.wire.replies import reply_text
 from machine.codes import EvidenceStatus
 
 _RUNS = 16

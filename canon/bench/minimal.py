@@ -14,8 +14,8 @@ from typing import Final
 from redis.typing import EncodableT
 
 from eventstore.errors import redis_errors
-from eventstore.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
-from eventstore.replies import reply_text
+from eventstore.wire.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
+from eventstore.wire.replies import reply_text
 
 #: The benchmark's scripts folder.
 FOLDER: Final = ScriptFolder("canon.bench")

@@ -32,16 +32,16 @@ from canon.bench.scaleout import measure_scale_out
 from canon.bench.sections import Timing, measure_throughput
 from canon.bench.workload import Payloads
 from canon.logs import configure_logging
-from eventstore.binaries import ServerBinary, binary_version, choose_redis_server
-from eventstore.embedded import EmbeddedRedis
-from eventstore.embedded_cluster import EmbeddedCluster
 from eventstore.errors import EmbeddedRedisError
-from eventstore.replies import reply_text
-from eventstore.server_settings import (
+from eventstore.server.binaries import ServerBinary, binary_version, choose_redis_server
+from eventstore.server.embedded import EmbeddedRedis
+from eventstore.server.embedded_cluster import EmbeddedCluster
+from eventstore.server.settings import (
     REDIS_DEFAULTS,
     read_server_settings,
     server_settings_warnings,
 )
+from eventstore.wire.replies import reply_text
 
 SCHEMA: Final = "canon.bench.v2"
 Progress = Callable[[str], None]

@@ -26,8 +26,8 @@ from redis.asyncio import Redis
 from canon.bench.throughput import ThroughputBench
 from canon.bench.timing import BenchError, Sample
 from canon.bench.workload import TOOL, FloorArgs, Payloads, tool_call_id_for
-from eventstore.scripts import FOLDER, AppendScript, CreateScript, is_committed
 from eventstore.store import Store
+from eventstore.wire.scripts import FOLDER, AppendScript, CreateScript, is_committed
 from eventstore.writer import now_ms
 
 _RUNS = 64

@@ -1,6 +1,6 @@
 """Scale-out: the writer and the boundary at 64 tasks on a Redis Cluster, against one server.
 
-A private cluster of three masters (:class:`~eventstore.embedded_cluster.EmbeddedCluster`)
+A private cluster of three masters (:class:`~eventstore.server.embedded_cluster.EmbeddedCluster`)
 and a private single server run side by side; each repeat runs both modes on both, in
 rotating order, so the cluster's figures are compared with the single server's pair by
 pair, as the throughput section compares modes with the floors. Redis CPU per invocation
@@ -28,7 +28,7 @@ from canon.bench.report import spread
 from canon.bench.throughput import ThroughputBench
 from canon.bench.timing import Sample, bare_server_cpu
 from canon.bench.workload import Payloads
-from eventstore.embedded_cluster import EmbeddedCluster
+from eventstore.server.embedded_cluster import EmbeddedCluster
 from eventstore.store import Store
 
 #: Concurrent tasks of every scale-out run.

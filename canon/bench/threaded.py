@@ -27,7 +27,7 @@ from canon.bench.workload import (
     request_arguments,
     tool_call_id_for,
 )
-from eventstore.contracts import RunContext, ToolEnvelope
+from eventstore.boundary.contracts import RunContext, ToolEnvelope
 from eventstore.sync import SyncBoundary, SyncStore
 from eventstore.writer import Writer
 

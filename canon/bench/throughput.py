@@ -47,10 +47,10 @@ from canon.bench.workload import (
     run_id_for,
     tool_call_id_for,
 )
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import RunContext, ToolEnvelope
-from eventstore.scripts import FOLDER, AppendScript, CreateScript, is_committed
+from eventstore.boundary.contracts import RunContext, ToolEnvelope
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.store import Store
+from eventstore.wire.scripts import FOLDER, AppendScript, CreateScript, is_committed
 from eventstore.writer import Writer, now_ms
 from machine.codes import EvidenceStatus
 

@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 
 from redis.asyncio import Redis
 
-from eventstore.contracts import AgentReply, ToolResult
+from eventstore.boundary.contracts import AgentReply, ToolResult
 from eventstore.errors import CanonError
 from eventstore.writer import Writer
 

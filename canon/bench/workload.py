@@ -17,9 +17,9 @@ from typing import Any, Final
 from redis.typing import EncodableT
 
 from canon.bench.minimal import MinimalWriteScript
-from eventstore.contracts import Projection, ToolCall, ToolSpec
-from eventstore.keys import Keys
-from eventstore.scripts import AppendScript, CreateScript
+from eventstore.boundary.contracts import Projection, ToolCall, ToolSpec
+from eventstore.wire.keys import Keys
+from eventstore.wire.scripts import AppendScript, CreateScript
 from machine.codes import EvidenceStatus, Stage
 from machine.compact import STATUS_CODES, TYPE_CODES
 from machine.events import (

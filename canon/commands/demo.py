@@ -35,13 +35,13 @@ from canon.exitcodes import RET_OK
 from canon.logs import configure_logging
 from canon.operator import add_console_args
 from eventstore.audit import replay_invocation
-from eventstore.embedded import EmbeddedRedis
+from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import Store
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, read_view
-from projections.inspection import inspect_invocation
-from projections.receipts import encode_receipt
-from projections.runtime import Worker
+from projections.receipts.builder import encode_receipt
+from projections.receipts.inspection import inspect_invocation
+from projections.worker.runtime import Worker
 
 REFUSALS_NOTE = (
     "READY and ERROR count every answer the agent got. Refusals (a duplicate call id, "

@@ -24,8 +24,12 @@ from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.store import Store
 from machine.failure_detail import decode_failure_detail
 from machine.ids import is_invocation_id
-from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
-from projections.receipts import encode_receipt
+from projections.receipts.builder import encode_receipt
+from projections.receipts.inspection import (
+    CapabilityChanged,
+    InvocationNotFound,
+    inspect_invocation,
+)
 
 TOKEN_ENV: Final = "CANON_RUN_TOKEN"  # noqa: S105 (the variable's name, not a secret)
 

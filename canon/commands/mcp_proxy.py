@@ -120,7 +120,7 @@ async def _serve_stdio(args: argparse.Namespace) -> None:
 
 
 async def _serve_http(args: argparse.Namespace) -> None:
-    from projections.supervisor import ReceiptServer
+    from projections.worker.supervisor import ReceiptServer
 
     async with open_store(args, embedded=True) as store, _proxy(args, store) as server:
         app = server.streamable_http_app()

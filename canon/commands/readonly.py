@@ -35,6 +35,7 @@ def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[in
         StoreUnavailable: the server cannot be reached (AccessDenied: the ACL user may
             not read).
         InvalidArgument: the namespace or shard count is not usable.
+
     """
     url = configured_url(args)
     if url is None:

@@ -19,7 +19,7 @@ from eventstore.audit import InvocationReplay, replay_invocation, replay_run
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
 from machine.ids import is_run_id, is_tool_call_id
-from projections.receipts import iso_ms
+from projections.receipts.builder import iso_ms
 
 
 def _when(at_ms: int | None) -> str:

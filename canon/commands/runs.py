@@ -19,10 +19,10 @@ from canon.argtypes import bounded
 from canon.commands.readonly import run_read_only, stdout_console
 from canon.connection import add_connection_args
 from canon.exitcodes import RET_OK
+from eventstore.audit.run_index import MAX_LIMIT, RunPage, list_runs, parse_cursor
 from eventstore.errors import InvalidArgument
-from eventstore.run_index import MAX_LIMIT, RunPage, list_runs, parse_cursor
 from eventstore.store import Store
-from projections.receipts import iso_ms
+from projections.receipts.builder import iso_ms
 
 
 def _cursor(text: str) -> str:

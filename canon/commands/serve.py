@@ -40,7 +40,7 @@ from projections.connections import (
 from projections.console import CONSOLE_ROUTES
 from projections.http import ROUTES, create_app
 from projections.metrics import Metrics
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 
 log = structlog.get_logger("canon.serve")
 

@@ -19,7 +19,7 @@ from canon.service import (
     serving_metrics,
 )
 from projections.metrics import Metrics
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 
 
 def register(subparsers: Any) -> None:

@@ -12,8 +12,14 @@ from datetime import timedelta
 from typing import Any
 
 from canon.demo.tools import demo_tools
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope, ToolError, ToolResult
+from eventstore.boundary.contracts import (
+    AgentReply,
+    RunContext,
+    ToolEnvelope,
+    ToolError,
+    ToolResult,
+)
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.store import Store
 
 QUERIES = ["refund", "shipping", "warranty", "recovery codes", "export", "teleport"]

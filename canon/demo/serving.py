@@ -26,7 +26,7 @@ from machine.ids import invocation_id
 from projections import create_app
 from projections.console import Console as OperatorConsole
 from projections.console import OperatorAuth
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 
 HOST = "127.0.0.1"
 

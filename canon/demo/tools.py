@@ -11,7 +11,7 @@ import asyncio
 import random
 from typing import Any
 
-from eventstore.contracts import Projection, ToolCall, ToolSpec
+from eventstore.boundary.contracts import Projection, ToolCall, ToolSpec
 
 _ARTICLES = [
     ("Refund policy", "Refunds are issued within 30 days of purchase to the original method."),

@@ -16,8 +16,8 @@ from typing import Any, TypedDict
 
 import msgspec
 
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope, ToolError
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolError
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.sync import SyncBoundary
 
 _encoder = msgspec.json.Encoder()

@@ -42,8 +42,8 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from canon.integrations._shared import invoke_all, invoke_all_sync, is_error, reply_payload, require
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.sync import SyncBoundary
 from machine.errors import InvalidArgument
 

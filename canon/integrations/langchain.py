@@ -36,8 +36,8 @@ from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
 from pydantic import ConfigDict  # noqa: E402
 
-from eventstore.boundary import ToolBoundary  # noqa: E402
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope  # noqa: E402
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope  # noqa: E402
+from eventstore.boundary.tool_boundary import ToolBoundary  # noqa: E402
 from eventstore.sync import SyncBoundary  # noqa: E402
 
 Boundary = ToolBoundary | SyncBoundary
@@ -111,6 +111,7 @@ class BoundaryTool(BaseTool):
         boundary: the ``ToolBoundary`` or ``SyncBoundary`` whose ToolSpec of the same name
             runs the call.
         run_id_key: the ``configurable`` key that names the run.
+
     """
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
@@ -157,6 +158,7 @@ def as_tools(
             The boundary's ToolSpec of that name runs the call; a name it does not know
             answers UNKNOWN_TOOL.
         run_id_key: the ``configurable`` key of the config that names the run.
+
     """
     return [
         BoundaryTool(

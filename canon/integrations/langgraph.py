@@ -57,6 +57,7 @@ class BoundaryToolCalls:
 
     Pass :meth:`wrap_tool_call` and :meth:`awrap_tool_call` to a ``ToolNode`` (or use
     :func:`tool_node`).
+
     """
 
     def __init__(self, boundary: Boundary, *, run_id_key: str = THREAD_ID) -> None:
@@ -115,6 +116,7 @@ def tool_node(
         tools: what the model is told exists, e.g. ``as_tools(boundary, schemas)``.
         run_id_key: the ``configurable`` key of the graph config that names the run.
         options: any other ``ToolNode`` option (``name``, ``messages_key``, ...).
+
     """
     hooks = BoundaryToolCalls(boundary, run_id_key=run_id_key)
     return ToolNode(

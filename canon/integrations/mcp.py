@@ -28,8 +28,8 @@ from typing import Any, Final, cast
 import msgspec
 
 from canon.integrations._shared import is_error, reply_content, require
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope, ToolResult, ToolSpec
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolResult, ToolSpec
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import CanonError, RunExists
 from eventstore.store import Store
 

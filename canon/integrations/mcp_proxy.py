@@ -22,8 +22,8 @@ from typing import Any, Final
 
 from canon.integrations._shared import require
 from canon.integrations.mcp import RunOptions, build_server, json_result
-from eventstore.boundary import OnDuplicate, ToolBoundary
-from eventstore.contracts import Projection, ToolCall, ToolResult, ToolSpec
+from eventstore.boundary.contracts import Projection, ToolCall, ToolResult, ToolSpec
+from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
 from eventstore.errors import CanonError
 from eventstore.store import Store
 

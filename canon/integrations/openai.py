@@ -30,8 +30,8 @@ from canon.integrations._shared import (
     reply_content,
     require,
 )
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.sync import SyncBoundary
 
 require("openai", "openai")

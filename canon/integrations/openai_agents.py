@@ -36,8 +36,8 @@ from collections.abc import Mapping
 from typing import Any
 
 from canon.integrations._shared import arguments_or_empty, reply_content, require
-from eventstore.boundary import ToolBoundary
-from eventstore.contracts import AgentReply, RunContext, ToolEnvelope
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
+from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import WrongEventLoop
 from eventstore.sync import SyncBoundary
 

@@ -49,8 +49,8 @@ from pydantic_ai.tools import ToolDefinition  # noqa: E402
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool  # noqa: E402
 from pydantic_core import SchemaValidator, core_schema  # noqa: E402
 
-from eventstore.boundary import ToolBoundary  # noqa: E402
-from eventstore.contracts import RunContext, ToolEnvelope  # noqa: E402
+from eventstore.boundary.contracts import RunContext, ToolEnvelope  # noqa: E402
+from eventstore.boundary.tool_boundary import ToolBoundary  # noqa: E402
 from eventstore.sync import SyncBoundary  # noqa: E402
 
 __all__ = ["BoundaryToolset"]
@@ -71,6 +71,7 @@ class BoundaryToolset(AbstractToolset[Any]):
         max_retries: how often the model may re-send a call whose arguments are not
             JSON (Pydantic AI's retry prompt); canon's errors spend none.
         id: the toolset's id among the agent's toolsets.
+
     """
 
     def __init__(

@@ -2,7 +2,7 @@
 
 ``Store.__aenter__`` records the namespace's shard count (a write), so the audit tools open
 the store here instead: the shard count and the key layout are read from the namespace
-metadata (no layout there: the legacy layout, see :mod:`eventstore.keys`), and every
+metadata (no layout there: the legacy layout, see :mod:`eventstore.wire.keys`), and every
 command issued by this package is a read (HGETALL, HGET, XRANGE, PTTL, SCAN, LRANGE,
 XLEN, XINFO, INFO, CONFIG GET). No read here can set, extend or refresh an expiry.
 """
@@ -18,9 +18,9 @@ import redis.exceptions
 from redis.asyncio.client import Pipeline
 
 from eventstore.errors import InvalidArgument, redis_errors
-from eventstore.keys import DEFAULT_SHARDS, Keys
 from eventstore.reader import StoredEvent, stored_events
 from eventstore.store import Store, namespace_keys
+from eventstore.wire.keys import DEFAULT_SHARDS, Keys
 
 
 @asynccontextmanager

@@ -25,8 +25,8 @@ from eventstore.audit.checks import (
 from eventstore.audit.readonly import Snapshot, read_snapshot
 from eventstore.audit.timeline import TimelineStep, replay_timeline
 from eventstore.errors import redis_errors
-from eventstore.keys import split_identity
 from eventstore.store import Store
+from eventstore.wire.keys import split_identity
 from machine.failure_detail import FailureDetail, decode_failure_detail
 from machine.fold import InvocationState, state_from_record
 from machine.ids import invocation_id, is_run_id, is_tool_call_id

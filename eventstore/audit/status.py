@@ -15,9 +15,9 @@ import msgspec
 import redis.exceptions
 
 from eventstore.errors import redis_errors
-from eventstore.replies import reply_text
-from eventstore.server_settings import check_server_settings
+from eventstore.server.settings import check_server_settings
 from eventstore.store import Store
+from eventstore.wire.replies import reply_text
 
 #: Most feed entries read to estimate a group's lag on servers without XINFO ``lag`` (6.2).
 LAG_SCAN_CAP: Final = 10_000

@@ -26,7 +26,7 @@ from projections.console import views
 from projections.console.auth import OperatorAuth
 from projections.console.timeline import LEGEND, duration_text
 from projections.http import CONSOLE_PREFIX, bearer_token
-from projections.receipts import iso_ms
+from projections.receipts.builder import iso_ms
 
 log = get_logger("canon.console")
 

@@ -13,7 +13,7 @@ from typing import Final
 
 import msgspec
 
-from eventstore.run_calls import CallRow
+from eventstore.audit.run_calls import CallRow
 
 WIDTH: Final = 960
 LABEL_WIDTH: Final = 300

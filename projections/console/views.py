@@ -13,15 +13,19 @@ import msgspec
 
 from eventstore.audit import replay_invocation
 from eventstore.audit.replay import InvocationReplay
+from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.audit.run_index import RunPage, RunSummary, list_runs, run_status
 from eventstore.errors import redis_errors
-from eventstore.run_calls import CallRow, run_calls
-from eventstore.run_index import RunPage, RunSummary, list_runs, run_status
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from projections.console.timeline import Timeline, layout
-from projections.inspection import CapabilityChanged, InvocationNotFound, inspect_invocation
-from projections.receipts import encode_receipt
+from projections.receipts.builder import encode_receipt
+from projections.receipts.inspection import (
+    CapabilityChanged,
+    InvocationNotFound,
+    inspect_invocation,
+)
 
 #: The record field holding a failed call's exception detail (harness-only).
 FAILURE_DETAIL_FIELD = "failure_detail"

@@ -15,9 +15,9 @@ from redis.exceptions import RedisError
 
 from canon.connection import add_connection_args, open_store
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.cluster import ClusterClient, cluster_client, split_cluster_parameter
 from eventstore.errors import InvalidArgument, NamespaceMismatch
-from eventstore.keys import shard_of
+from eventstore.wire.cluster import ClusterClient, cluster_client, split_cluster_parameter
+from eventstore.wire.keys import shard_of
 from machine.ids import invocation_id
 from tests.cluster.harness import ClusterSetupError, LocalCluster, redis_cli
 from tests.conftest import embedded_binary

@@ -17,7 +17,7 @@ import pytest
 from canon.cli import main
 from eventstore import RunContext, Store, ToolBoundary
 from eventstore.audit import verify_against_events
-from eventstore.keys import shard_of
+from eventstore.wire.keys import shard_of
 from machine.codes import Status
 from machine.fold import fold_all
 from machine.ids import invocation_id

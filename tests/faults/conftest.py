@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from eventstore.binaries import path_redis_servers
+from eventstore.server.binaries import path_redis_servers
 from tests.conftest import server_starter
 from tests.faults.proxy import CuttingProxy
 

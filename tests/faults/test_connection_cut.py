@@ -13,9 +13,9 @@ from redis.asyncio import Redis
 
 from eventstore import RunContext, ToolBoundary
 from eventstore.audit import verify_against_events
-from eventstore.embedded import EmbeddedRedis
-from eventstore.scripts import Scripts
+from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import Store
+from eventstore.wire.scripts import Scripts
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from projections.feed import FeedEntry

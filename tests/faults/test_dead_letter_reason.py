@@ -10,9 +10,9 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-from eventstore.embedded import EmbeddedRedis
-from eventstore.keys import shard_of
+from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from machine.codes import EvidenceStatus
 
 RUN = "run-dl"

@@ -14,8 +14,8 @@ from typing import Any
 
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope
 from eventstore.audit import NamespaceVerifier
-from eventstore.contracts import ToolError, ToolResult, ToolSpec
-from eventstore.embedded import EmbeddedRedis
+from eventstore.boundary.contracts import ToolError, ToolResult, ToolSpec
+from eventstore.server.embedded import EmbeddedRedis
 from eventstore.writer import Head
 from machine.codes import ErrorCode, Status
 from tests.helpers import wait_until

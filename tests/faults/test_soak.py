@@ -21,11 +21,11 @@ import pytest
 
 from canon.cli import main as canon_main
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope
-from eventstore.contracts import ToolResult, ToolSpec
-from eventstore.embedded import EmbeddedRedis
+from eventstore.boundary.contracts import ToolResult, ToolSpec
+from eventstore.server.embedded import EmbeddedRedis
 from machine.codes import ErrorCode
 from projections import ProgressWorker, ReceiptWorker, read_view
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.faults.convergence import (
     assert_settled_once,
     receipt_status,

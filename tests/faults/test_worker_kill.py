@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope
-from eventstore.contracts import ToolSpec
-from eventstore.embedded import EmbeddedRedis
+from eventstore.boundary.contracts import ToolSpec
+from eventstore.server.embedded import EmbeddedRedis
 from projections import ProgressWorker, ReceiptWorker
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.faults.convergence import assert_projections_match, assert_settled_once
 
 ITERATIONS = 20

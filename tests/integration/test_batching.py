@@ -13,12 +13,12 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.exceptions import ResponseError
 
-from eventstore import batching
-from eventstore.batching import DEFAULT_MAX_BATCH, ScriptBatcher
-from eventstore.embedded import EmbeddedRedis, ServerBinary
 from eventstore.errors import Refused, StoreUnavailable
+from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from eventstore.store import Store
-from eventstore.wire import send_batch
+from eventstore.wire import batching
+from eventstore.wire.batching import DEFAULT_MAX_BATCH, ScriptBatcher
+from eventstore.wire.exchange import send_batch
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields, wait_until

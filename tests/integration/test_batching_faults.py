@@ -18,8 +18,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import RedisError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventstore.batching import ScriptBatcher
-from eventstore.embedded import EmbeddedRedis
+from eventstore.server.embedded import EmbeddedRedis
+from eventstore.wire.batching import ScriptBatcher
 
 PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 CALLS = 400

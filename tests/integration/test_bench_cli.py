@@ -21,7 +21,7 @@ from canon.bench import evaluate_goals, goal_lines, render
 from canon.bench.modes import MODES as BENCH_MODES
 from canon.bench.modes import RATIO_METRICS, REFERENCES
 from canon.bench.report import GOALS
-from eventstore.embedded import ServerBinary
+from eventstore.server.embedded import ServerBinary
 
 ROOT = pathlib.Path(__file__).resolve().parents[2]
 MODES = tuple(mode.key for mode in BENCH_MODES)

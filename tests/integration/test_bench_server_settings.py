@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from redis.asyncio import Redis
 
-from eventstore.embedded import EmbeddedRedis, ServerBinary
-from eventstore.server_settings import (
+from eventstore.server.embedded import EmbeddedRedis, ServerBinary
+from eventstore.server.settings import (
     REDIS_DEFAULTS,
     check_server_settings,
     read_server_settings,

@@ -20,9 +20,9 @@ from canon.bench.workload import (
     run_id_for,
     tool_call_id_for,
 )
-from eventstore.scripts import FOLDER, committed
-from eventstore.server_settings import RECOMMENDED_SETTINGS
+from eventstore.server.settings import RECOMMENDED_SETTINGS
 from eventstore.store import Store
+from eventstore.wire.scripts import FOLDER, committed
 from eventstore.writer import now_ms
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id

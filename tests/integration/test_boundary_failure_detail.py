@@ -29,7 +29,7 @@ from machine.ids import invocation_id
 from machine.limits import Limits
 from projections import ProgressWorker, ReceiptWorker, create_app, observed_facts
 from projections.progress import read_view
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope
 from tests.support.log_scan import forbid_in_logs
 from tests.support.tools import FakeTool

@@ -14,7 +14,7 @@ import structlog
 from structlog.testing import capture_logs
 
 from eventstore import Limits, Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope
-from eventstore.embedded import EmbeddedRedis, ServerBinary
+from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from machine.codes import ErrorCode
 from machine.ids import invocation_id
 from tests.support.calls import RUN, TOOL, outcome

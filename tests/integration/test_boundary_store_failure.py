@@ -14,7 +14,7 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary, ToolCall
-from eventstore.embedded import EmbeddedRedis, ServerBinary
+from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from machine.codes import ErrorCode, Status
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool

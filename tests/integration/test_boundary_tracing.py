@@ -21,7 +21,7 @@ from opentelemetry.sdk.trace.sampling import Decision, Sampler, SamplingResult
 from opentelemetry.trace import SpanKind, StatusCode
 
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolSpec
-from eventstore.tracing import TRACER_NAME, TRACING
+from eventstore.boundary.tracing import TRACER_NAME, TRACING
 from machine.ids import invocation_id
 from tests.support.calls import RUN, TOOL, envelope, open_run
 from tests.support.tools import FakeTool
@@ -234,7 +234,7 @@ WITHOUT_OTEL = textwrap.dedent(
     sys.modules["opentelemetry"] = None  # as if the otel extra were not installed
     from datetime import timedelta
     from eventstore import Projection, RunContext, Store, ToolBoundary, ToolEnvelope, ToolSpec
-    from eventstore import tracing
+    from eventstore.boundary import tracing
 
     async def main(url, namespace):
         async with Store.from_url(url, namespace=namespace) as store:
@@ -279,7 +279,7 @@ UNCONFIGURED = textwrap.dedent(
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
-    from eventstore import tracing
+    from eventstore.boundary import tracing
 
     before = tracing.tracing()
     trace.set_tracer_provider(TracerProvider())
@@ -315,7 +315,7 @@ def test_with_the_package_but_no_provider_no_span_is_built():
 
 FROM_ENVIRONMENT = textwrap.dedent(
     """
-    from eventstore import tracing
+    from eventstore.boundary import tracing
 
     print(tracing.tracing())
     """
@@ -333,7 +333,7 @@ NO_OP = textwrap.dedent(
     """
     from opentelemetry import trace
 
-    from eventstore import tracing
+    from eventstore.boundary import tracing
 
     trace.set_tracer_provider(trace.NoOpTracerProvider())
     print(tracing.tracing())

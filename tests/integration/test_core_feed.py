@@ -18,8 +18,8 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument
-from eventstore.scripts import Scripts
 from eventstore.store import FEED_GRACE, Store
+from eventstore.wire.scripts import Scripts
 from eventstore.writer import Writer
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from projections.feed import FeedEntry

@@ -23,8 +23,8 @@ from eventstore.errors import (
     Refused,
     StoreUnavailable,
 )
-from eventstore.scripts import FOLDER, AppendScript, Scripts, committed
 from eventstore.store import Store
+from eventstore.wire.scripts import FOLDER, AppendScript, Scripts, committed
 from eventstore.writer import Head, now_ms
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import GENESIS_HASH

@@ -14,14 +14,14 @@ from redis.asyncio import Redis
 from structlog.testing import capture_logs
 
 from canon.cli import main as canon_main
-from eventstore.durability import (
+from eventstore.errors import InvalidArgument
+from eventstore.server.durability import (
     DurabilityError,
     DurabilityReport,
     _weakest,
     check_durability,
     read_durability,
 )
-from eventstore.errors import InvalidArgument
 from eventstore.store import Store
 from tests.helpers import commandstats
 

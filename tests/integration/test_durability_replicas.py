@@ -12,11 +12,11 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import RunContext, ToolBoundary
-from eventstore.durability import DurabilityError
-from eventstore.embedded import EmbeddedRedis, ServerBinary
 from eventstore.errors import InvalidArgument, StoreUnavailable
-from eventstore.replication import ReplicationTimeout, validate_replicas
+from eventstore.server.durability import DurabilityError
+from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from eventstore.store import Store
+from eventstore.wire.replication import ReplicationTimeout, validate_replicas
 from machine.codes import ErrorCode, Status
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool

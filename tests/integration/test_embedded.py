@@ -12,13 +12,13 @@ import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
 
-from eventstore.binaries import (
+from eventstore.server.binaries import (
     ServerBinary,
     find_redis_server,
     parse_server_version,
     server_binaries,
 )
-from eventstore.embedded import EmbeddedRedis, EmbeddedRedisError
+from eventstore.server.embedded import EmbeddedRedis, EmbeddedRedisError
 
 if TYPE_CHECKING:
     from tests.conftest import RedisServer

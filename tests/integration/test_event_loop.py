@@ -10,7 +10,7 @@ from typing import Any
 import pytest
 
 from eventstore import CanonError, Store, ToolBoundary, WrongEventLoop
-from eventstore.contracts import RunContext
+from eventstore.boundary.contracts import RunContext
 from tests.support.calls import RUN, TOOL, envelope, open_run, outcome
 from tests.support.tools import FakeTool
 

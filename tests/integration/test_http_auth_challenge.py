@@ -12,7 +12,7 @@ import pytest
 from eventstore.store import Store
 from projections import create_app
 from projections.http import ROUTES
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 
 RUN = "run-challenge"
 

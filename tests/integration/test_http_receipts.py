@@ -18,7 +18,7 @@ from eventstore.store import Store
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ReceiptWorker, create_app
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 from tests.helpers import commandstats
 
 RUN, OTHER = "run-h", "run-o"

@@ -3,7 +3,7 @@
 Before the layout was recorded, ``{ns}:meta`` held only the shard count and the stream key
 was the record key plus ``:ev``. The ``legacy`` fixture builds such a namespace the way the
 old writers did: the metadata with the shard count alone, then the writes through the
-legacy layout of ``eventstore.keys`` (the functions kept for reading it); the tests check
+legacy layout of ``eventstore.wire.keys`` (the functions kept for reading it); the tests check
 the key shapes literally, then read the namespace with replay, verify, export, status,
 the workers, the receipt HTTP API and rebuild.
 """
@@ -22,12 +22,12 @@ from redis.asyncio import Redis
 from eventstore import RunContext, Store, ToolBoundary
 from eventstore.audit import open_read_only
 from eventstore.errors import NamespaceMismatch
-from eventstore.keys import LAYOUT, LEGACY_LAYOUT, shard_of
+from eventstore.wire.keys import LAYOUT, LEGACY_LAYOUT, shard_of
 from machine.codes import ErrorCode
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app
 from projections.rebuild import Rebuild
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.integration.test_replay import replay_json, run_cli
 from tests.integration.test_status import status_json
 from tests.integration.test_verify import verify_json

@@ -32,8 +32,8 @@ from eventstore import Store
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from machine.ids import invocation_id
 from projections import ReceiptWorker
-from projections.inspection import inspect_invocation
-from projections.journal import JournalState
+from projections.receipts.inspection import inspect_invocation
+from projections.receipts.journal import JournalState
 from tests.support.log_scan import LOG_FORBIDDEN
 from tests.support.provider_ids import ACCEPTED
 from tests.support.waiting import wait_for

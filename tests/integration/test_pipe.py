@@ -13,9 +13,9 @@ from redis.asyncio.connection import Connection
 from redis.exceptions import BusyLoadingError, NoScriptError, ResponseError
 from redis.exceptions import ConnectionError as RedisConnectionError
 
-from eventstore import pipe as pipe_module
-from eventstore.batching import ScriptBatcher
-from eventstore.pipe import Pipe, pipe_for, release_pipe
+from eventstore.wire import pipe as pipe_module
+from eventstore.wire.batching import ScriptBatcher
+from eventstore.wire.pipe import Pipe, pipe_for, release_pipe
 from tests.helpers import wait_until
 
 #: Replies of every shape a script can give, one error in place, one nested.

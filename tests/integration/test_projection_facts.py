@@ -7,7 +7,7 @@ from typing import Any
 
 import msgspec
 
-from eventstore.contracts import RunContext
+from eventstore.boundary.contracts import RunContext
 from eventstore.store import Store
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus

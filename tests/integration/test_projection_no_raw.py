@@ -14,7 +14,7 @@ from eventstore import RunContext, ToolBoundary, ToolEnvelope, ToolResult
 from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from projections import ProgressWorker, ReceiptWorker, observed_facts, read_view
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.helpers import key_values, namespace_keys
 from tests.support.tools import FakeTool
 

@@ -23,7 +23,7 @@ from redis.asyncio import Redis
 from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from projections import ProgressWorker, ReceiptWorker, read_view
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.support.log_scan import LOG_FORBIDDEN
 
 RUN = "run-k"

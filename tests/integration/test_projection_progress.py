@@ -7,7 +7,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from eventstore.contracts import RunContext
+from eventstore.boundary.contracts import RunContext
 from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.limits import Limits

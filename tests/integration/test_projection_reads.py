@@ -9,12 +9,12 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from eventstore.keys import shard_of
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from projections import ReceiptWorker
-from projections.groups import GroupMissing, claim_idle, ensure_group, read_groups
+from projections.worker.groups import GroupMissing, claim_idle, ensure_group, read_groups
 
 SHARDS = 8
 

@@ -8,11 +8,11 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from eventstore.keys import shard_of
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from machine.codes import EvidenceStatus
 from projections import ReceiptWorker
-from projections.lag import shard_lag, trim_feeds
+from projections.worker.lag import shard_lag, trim_feeds
 from tests.helpers import wait_until
 
 RUN = "run-w"

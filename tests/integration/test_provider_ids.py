@@ -29,11 +29,11 @@ from eventstore.audit import (
     replay_run,
 )
 from eventstore.errors import InvalidArgument
-from eventstore.keys import escape_glob
+from eventstore.wire.keys import escape_glob
 from machine.codes import ErrorCode
 from machine.ids import invocation_id
 from projections import create_app, observed_facts
-from projections.inspection import inspect_invocation
+from projections.receipts.inspection import inspect_invocation
 from tests.support.calls import (
     TOOL,
     assert_refused_before_execution,

@@ -19,18 +19,18 @@ import pytest
 import redis as sync_redis
 from redis.asyncio import Redis
 
-from eventstore.cluster import split_cluster_parameter
 from eventstore.errors import RebuildLost
 from eventstore.store import Store
+from eventstore.wire.cluster import split_cluster_parameter
 from eventstore.writer import Head
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, read_view
 from projections.generations import current_generation
-from projections.inspection import inspect_invocation
 from projections.rebuild import Rebuild, RebuildInProgress
-from projections.receipts import decode_receipt, encode_receipt
-from projections.runtime import Worker
+from projections.receipts.builder import decode_receipt, encode_receipt
+from projections.receipts.inspection import inspect_invocation
+from projections.worker.runtime import Worker
 from tests.helpers import wait_until
 
 RUN = "run-rb"

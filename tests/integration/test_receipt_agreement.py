@@ -16,7 +16,7 @@ from eventstore.store import Store
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ReceiptWorker, create_app
-from projections.receipts import RECONCILIATION_TEXT, decode_receipt
+from projections.receipts.builder import RECONCILIATION_TEXT, decode_receipt
 
 RUN = "run-agree"
 Tamper = Callable[[Redis, Store], Awaitable[Any]]

@@ -16,10 +16,10 @@ from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ReceiptWorker
 from projections.feed import FeedEntry, Outcome
-from projections.receipt_projection import ReceiptProjection
-from projections.receipt_snapshot import read_receipt_snapshot, receipt_of
-from projections.receipts import decode_receipt
-from projections.runtime import Worker
+from projections.receipts.builder import decode_receipt
+from projections.receipts.projection import ReceiptProjection
+from projections.receipts.snapshot import read_receipt_snapshot, receipt_of
+from projections.worker.runtime import Worker
 
 RUN = "run-r"
 

@@ -8,8 +8,8 @@ from typing import Final
 import pytest
 from redis.asyncio import Redis
 
-from eventstore.keys import shard_of
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from tests.helpers import commandstats
 from tests.integration.test_replay import RUN, populate, run_cli, store
 

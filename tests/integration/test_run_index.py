@@ -8,10 +8,10 @@ from typing import Any
 
 import pytest
 
+from eventstore.audit.run_index import list_runs, parse_cursor
 from eventstore.errors import InvalidArgument
-from eventstore.keys import shard_of
-from eventstore.run_index import list_runs, parse_cursor
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from eventstore.writer import now_ms
 from machine.codes import ErrorCode, EvidenceStatus
 from tests.helpers import commandstats

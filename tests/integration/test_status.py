@@ -8,8 +8,8 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from eventstore.keys import shard_of
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from tests.integration.test_replay import CALLS, RUN, populate, run_cli, store
 
 __all__ = ["store"]  # the fixture, re-used from the replay tests

@@ -23,8 +23,8 @@ from eventstore import (
     ToolSpec,
     WrongEventLoop,
 )
-from eventstore.durability import DurabilityError
 from eventstore.errors import InvalidArgument
+from eventstore.server.durability import DurabilityError
 from machine.codes import ErrorCode, Status
 from tests.support.calls import RUN, TOOL, envelope, outcome
 

@@ -12,8 +12,8 @@ import pytest
 from redis.asyncio import Redis
 
 from canon.cli import main
-from eventstore.keys import shard_of
 from eventstore.store import Store
+from eventstore.wire.keys import shard_of
 from machine.events import decode_event, encode_event, event_hash
 from machine.ids import invocation_id
 from tests.integration.test_replay import CALLS, RUN, populate, replay_json, run_cli, store

@@ -18,12 +18,12 @@ from redis.asyncio import Redis
 
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.embedded import EmbeddedRedis, ServerBinary
 from eventstore.errors import AccessDenied
+from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app, read_view
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.support.calls import RUN, TOOL, envelope, outcome
 from tests.support.log_scan import forbid_in_logs
 from tests.support.tools import FakeTool

@@ -15,8 +15,8 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import Store
-from eventstore.embedded import EmbeddedRedis
 from eventstore.errors import AccessDenied
+from eventstore.server.embedded import EmbeddedRedis
 from machine.ids import invocation_id
 from tests.integration.test_http_serve import free_port, spawn, until  # noqa: F401 (fixture)
 from tests.security.test_acl import (  # noqa: F401 (fixtures)

@@ -18,7 +18,7 @@ import pytest
 
 from eventstore.store import Store
 from projections.connections import ConnectionLimits
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 from tests.helpers import wait_until
 from tests.integration.test_http_serve import free_port, spawn, until  # noqa: F401 (fixture)
 

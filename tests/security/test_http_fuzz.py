@@ -20,7 +20,7 @@ from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id
 from projections import ReceiptWorker, create_app
-from projections.supervisor import ReceiptServer, run_workers
+from projections.worker.supervisor import ReceiptServer, run_workers
 from tests.security.hostile import authorization_values, paths
 
 RUNS = ("run-alpha", "run-bravo")

@@ -21,11 +21,11 @@ import pytest
 
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
-from eventstore.binaries import ServerBinary, find_redis_server
 from eventstore.errors import StoreUnavailable
+from eventstore.server.binaries import ServerBinary, find_redis_server
 from machine.codes import ErrorCode, Status
 from projections import ReceiptWorker
-from projections.supervisor import run_workers
+from projections.worker.supervisor import run_workers
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool
 

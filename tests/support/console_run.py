@@ -15,7 +15,7 @@ from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id
 from projections import create_app
 from projections.console import Console, OperatorAuth
-from projections.supervisor import ReceiptServer
+from projections.worker.supervisor import ReceiptServer
 from tests.support.waiting import wait_for
 
 RUN = "run-console"

@@ -16,7 +16,7 @@ import msgspec
 
 from canon.logs import configure_logging
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope, ToolSpec
-from eventstore.contracts import ToolResult
+from eventstore.boundary.contracts import ToolResult
 
 
 async def executor(arguments: dict[str, object], call: ToolCall) -> object:

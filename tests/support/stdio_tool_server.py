@@ -17,7 +17,7 @@ from typing import Any
 import msgspec
 
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolEnvelope, ToolSpec
-from eventstore.contracts import ToolResult
+from eventstore.boundary.contracts import ToolResult
 
 
 def lookup(arguments: Any, call: Any) -> dict[str, Any]:

@@ -8,7 +8,7 @@ from typing import Any
 
 from redis.asyncio import Redis
 
-from eventstore.contracts import Projection, ToolCall, ToolSpec
+from eventstore.boundary.contracts import Projection, ToolCall, ToolSpec
 from machine.codes import EvidenceStatus
 
 

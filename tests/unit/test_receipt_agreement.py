@@ -9,7 +9,7 @@ import msgspec
 import pytest
 
 from eventstore.reader import StoredEvent
-from projections.agreement import MAX_EVENTS, disagreement
+from projections.receipts.agreement import MAX_EVENTS, disagreement
 from tests.unit.test_receipt_rules import READY, RESULT, Fields, invocation
 
 Tamper = Callable[[Fields, list[StoredEvent]], None]

@@ -25,7 +25,7 @@ from machine.events import (
 from machine.fold import InvocationState, fold
 from machine.ids import invocation_id
 from projections import build_receipt
-from projections.receipts import RECONCILIATION_TEXT, Receipt, encode_receipt
+from projections.receipts.builder import RECONCILIATION_TEXT, Receipt, encode_receipt
 
 RUN, CALL, TOOL = "run-7", "call-7", "search"
 NOW = 1_700_000_000_000

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from eventstore.replies import reply_text
+from eventstore.wire.replies import reply_text
 
 
 @pytest.mark.parametrize(

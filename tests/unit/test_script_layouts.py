@@ -10,8 +10,8 @@ from typing import Any
 import pytest
 
 from canon.bench import minimal as bench_scripts
-from eventstore import scripts as store_scripts
-from eventstore.lua import Layout, LuaScript, ScriptFolder
+from eventstore.wire import scripts as store_scripts
+from eventstore.wire.lua import Layout, LuaScript, ScriptFolder
 from projections import scripts as projection_scripts
 from projections.scripts import ReceiptPut, ShardKeys, Unproduced, ViewPut
 

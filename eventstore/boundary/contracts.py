@@ -1,0 +1,181 @@
+"""The harness-facing types: run context, envelope, tool spec, projection and replies.
+
+Executors and projectors are plug-ins; their contracts are the Protocols here. Either may
+be a plain or an async callable.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Mapping
+from typing import Any, Literal, Protocol
+
+import msgspec
+
+from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus
+
+
+class RunContext(msgspec.Struct, frozen=True):
+    """The harness's explicit knowledge of which run is executing."""
+
+    run_id: str
+
+
+class ToolEnvelope(msgspec.Struct, frozen=True, kw_only=True):
+    """One tool call as the agent framework emitted it.
+
+    Attributes:
+        run_id: the run the framework says the call belongs to.
+        tool_call_id: the framework's own id, used exactly as given (never replaced).
+        tool: the tool's name.
+        arguments: the input, as a mapping or as JSON text of an object.
+
+    """
+
+    run_id: str
+    tool_call_id: str
+    tool: str
+    arguments: Mapping[str, Any] | str | bytes
+
+
+class ToolCall(msgspec.Struct, frozen=True, kw_only=True):
+    """What an executor and a projector learn about the call they serve."""
+
+    run_id: str
+    tool_call_id: str
+    invocation_id: str
+    tool: str
+
+
+class Projection(msgspec.Struct, frozen=True, kw_only=True):
+    """A projector's answer: the bounded agent result and what it says about evidence.
+
+    Attributes:
+        result: any JSON value; it is all the agent will see.
+        evidence_status: EVIDENCE_FOUND or NO_EVIDENCE (anything else makes the call ERROR).
+        scope: what was searched, so a NO_EVIDENCE result stays a scoped observation.
+
+    """
+
+    result: Any
+    evidence_status: EvidenceStatus | str
+    scope: str = ""
+
+
+class Executor(Protocol):
+    """Runs the tool and returns its raw response (JSON value, ``str`` or ``bytes``)."""
+
+    def __call__(self, arguments: dict[str, Any], call: ToolCall, /) -> Any | Awaitable[Any]:
+        """Execute the tool."""
+
+
+class Projector(Protocol):
+    """Turns the raw response into a bounded :class:`Projection` for the agent."""
+
+    def __call__(self, raw: Any, call: ToolCall, /) -> Projection | Awaitable[Projection]:
+        """Project the raw response."""
+
+
+class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
+    """A tool the boundary may run.
+
+    Attributes:
+        executor: produces the raw response.
+        projector: produces the bounded agent result from the raw response.
+        read_only: only read-only tools may run; False refuses every call.
+        authorized: False refuses every call before execution.
+        timeout_s: most seconds the executor may take (None: no bound).
+        thread: run a plain (non-async) executor in a worker thread so it cannot block
+            the event loop.
+        projector_in_thread: run a plain projector in a worker thread too (for a slow
+            one); by default it runs on the event loop, as projectors are meant to be
+            quick.
+        description: what the tool does, for the stacks that show tools to a model
+            (an MCP server's tool list, a framework's tool objects).
+        input_schema: the JSON Schema of the tool's arguments, for those same stacks;
+            descriptive only: the boundary checks that the input is a JSON object
+            within the limits, never the schema.
+
+    """
+
+    executor: Executor
+    projector: Projector
+    read_only: bool = True
+    authorized: bool = True
+    timeout_s: float | None = None
+    thread: bool = True
+    projector_in_thread: bool = False
+    description: str = ""
+    input_schema: Mapping[str, Any] | None = None
+
+
+class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):
+    """A successful reply: the bounded agent result, its evidence status and the call's ids.
+
+    Attributes:
+        result: the agent result exactly as stored (its JSON decoded), so a replayed reply
+            and a receipt show the same value.
+        evidence_status: EVIDENCE_FOUND or NO_EVIDENCE.
+        scope: what was searched.
+        tool_call_id: the framework's id of the call this answers, for routing the reply.
+        invocation_id: the canonical record's public id.
+
+    """
+
+    result: Any
+    evidence_status: EvidenceStatus
+    scope: str
+    tool_call_id: str
+    invocation_id: str
+
+
+class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_field="status"):
+    """A failed reply: a stable code, its fixed message and the call's ids, nothing else.
+
+    Attributes:
+        error_code: the stable code.
+        message: the code's fixed message.
+        tool_call_id: the framework's id of the call this answers; None when that id was
+            refused (an unsafe id is never echoed).
+        invocation_id: the canonical record's public id when a record holds this outcome,
+            else None (a refusal before creation stores nothing).
+
+    """
+
+    error_code: ErrorCode
+    message: str
+    tool_call_id: str | None = None
+    invocation_id: str | None = None
+
+    @classmethod
+    def of(
+        cls,
+        code: ErrorCode,
+        *,
+        tool_call_id: str | None = None,
+        invocation_id: str | None = None,
+    ) -> ToolError:
+        """Build the reply for ``code`` with its fixed message."""
+        return cls(
+            error_code=code,
+            message=SAFE_MESSAGES[code],
+            tool_call_id=tool_call_id,
+            invocation_id=invocation_id,
+        )
+
+
+AgentReply = ToolResult | ToolError
+
+#: The ``status`` an agent reads on a reply.
+ReplyStatus = Literal["READY", "ERROR"]
+
+
+def reply_to_builtins(reply: AgentReply) -> dict[str, Any]:
+    """Return the reply as plain JSON-ready data, every key always present.
+
+    ``{"status": "READY", "result", "evidence_status", "scope", "tool_call_id",
+    "invocation_id"}`` or ``{"status": "ERROR", "error_code", "message", "tool_call_id",
+    "invocation_id"}`` (the ids may be None on an error).
+    """
+    data = msgspec.to_builtins(reply)
+    assert isinstance(data, dict)
+    return data

@@ -1,0 +1,122 @@
+"""Answering a retried tool call from its record: ``ToolBoundary(on_duplicate="replay")``.
+
+A durable framework (a LangGraph resume, a restarted harness) sends the same calls again.
+The creation script refuses the second creation atomically (``DUPLICATE_TOOL_CALL``, before
+any budget is reserved), so the tool can never run twice. With replay on, the boundary
+then reads the first call's record, read-only (one HMGET: no expiry is set or refreshed),
+and answers what it holds:
+
+- the record holds another tool or another canonical request: ``DUPLICATE_TOOL_CALL``,
+  exactly as without replay (the digest of the canonical request bytes is compared);
+- READY: the stored result, evidence status and scope, as the first reply gave them;
+- ERROR: the record's error code;
+- still PROJECTING: the record is read again with a growing pause until it finishes or
+  ``wait_s`` has passed; past the wait, ``DUPLICATE_TOOL_CALL`` with the invocation id,
+  so the harness may look the record up later;
+- gone (expired, or the run remembers an id whose record has expired): ``RECORD_EXPIRED``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from typing import Final
+
+from eventstore.boundary.contracts import AgentReply, ToolError, ToolResult
+from eventstore.reader import Reader
+from eventstore.wire.replies import reply_text
+from machine.codes import ErrorCode, EvidenceStatus, Status
+from machine.events import payload_digest
+from machine.results import decode_result
+
+#: The record fields a replay needs: never the request or the raw response.
+_FIELDS: Final = (
+    "status",
+    "tool",
+    "request_sha256",
+    "result",
+    "evidence_status",
+    "scope",
+    "error_code",
+    "invocation_id",
+)
+#: First and longest pause between two reads of a record still PROJECTING.
+FIRST_PAUSE_S: Final = 0.005
+LONGEST_PAUSE_S: Final = 0.1
+
+
+async def replay_duplicate(
+    reader: Reader,
+    bounded: Callable[[Awaitable[dict[str, bytes]]], Awaitable[dict[str, bytes]]],
+    *,
+    run_id: str,
+    tool_call_id: str,
+    tool: str,
+    request: bytes,
+    wait_s: float,
+) -> AgentReply:
+    """Return the recorded reply of an earlier call with this (run, tool call id).
+
+    Args:
+        reader: reads the record.
+        bounded: bounds one read by the store timeout (raises StoreUnavailable past it).
+        run_id: the run of the call.
+        tool_call_id: the framework's id, already refused once as a duplicate.
+        tool: the tool this call names.
+        request: this call's canonical request bytes.
+        wait_s: longest wait for a record still PROJECTING.
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    digest = payload_digest(request)
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + wait_s
+    pause = FIRST_PAUSE_S
+    while True:
+        fields = await bounded(reader.select(run_id, tool_call_id, _FIELDS))
+        if not fields:
+            return ToolError.of(ErrorCode.RECORD_EXPIRED, tool_call_id=tool_call_id)
+        if fields.get("tool") != tool.encode() or fields.get("request_sha256") != digest.encode():
+            return ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id=tool_call_id)
+        reply = _recorded_reply(fields, tool_call_id)
+        if reply is not None:
+            return reply
+        remaining = deadline - loop.time()
+        if remaining <= 0:
+            return ToolError.of(
+                ErrorCode.DUPLICATE_TOOL_CALL,
+                tool_call_id=tool_call_id,
+                invocation_id=_text(fields.get("invocation_id")),
+            )
+        await asyncio.sleep(min(pause, remaining))
+        pause = min(pause * 2, LONGEST_PAUSE_S)
+
+
+def _text(value: bytes | None) -> str | None:
+    return reply_text(value, "replace") if value is not None else None
+
+
+def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply | None:
+    """The reply a finished record holds; None while it is PROJECTING (or unreadable)."""
+    invocation = _text(fields.get("invocation_id"))
+    status = fields.get("status")
+    try:
+        if status == Status.READY.value.encode() and invocation is not None:
+            return ToolResult(
+                result=decode_result(fields["result"]),
+                evidence_status=EvidenceStatus(fields["evidence_status"].decode()),
+                scope=_text(fields.get("scope")) or "",
+                tool_call_id=tool_call_id,
+                invocation_id=invocation,
+            )
+        if status == Status.ERROR.value.encode():
+            code = ErrorCode(fields["error_code"].decode())
+            return ToolError.of(code, tool_call_id=tool_call_id, invocation_id=invocation)
+    except (KeyError, ValueError):  # UnicodeDecodeError and msgspec's DecodeError too
+        # A record that does not hold a readable reply is not replayed, only refused.
+        return ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id=tool_call_id)
+    if status == Status.PROJECTING.value.encode():
+        return None
+    return ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id=tool_call_id)

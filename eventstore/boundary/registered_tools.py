@@ -1,0 +1,78 @@
+"""A tool as the boundary runs it: what each call needs, decided once at registration."""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import math
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from eventstore.boundary.contracts import ToolCall, ToolSpec
+from eventstore.boundary.tool_threads import ToolThreads
+from eventstore.errors import InvalidArgument
+from eventstore.wire.deadlines import Deadlines
+from machine.ids import is_tool_name
+
+
+def valid_time_limit(seconds: float | None) -> bool:
+    """Tell whether ``seconds`` is an acceptable tool time limit (None: no limit)."""
+    return seconds is None or (isinstance(seconds, int | float) and 0 < seconds < math.inf)
+
+
+def check_tools(tools: Mapping[str, ToolSpec]) -> None:
+    """Check the tools a boundary is given, before any call.
+
+    Raises:
+        InvalidArgument: a name the store refuses (:func:`machine.ids.is_tool_name`), or a
+            time limit that is not a positive number of seconds.
+
+    """
+    refused = [name for name in tools if not is_tool_name(name)]
+    if refused:
+        shown = ", ".join(repr(name) for name in refused[:5])
+        raise InvalidArgument(f"tool names not allowed (letters, digits, _ . -): {shown}")
+    slow = [name for name, spec in tools.items() if not valid_time_limit(spec.timeout_s)]
+    if slow:
+        shown = ", ".join(repr(name) for name in slow[:5])
+        raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
+
+
+async def call_tool_function(
+    fn: Callable[..., Any], *args: Any, threads: ToolThreads | None
+) -> Any:
+    """Call a plain or async callable; with ``threads``, a plain one runs in one of them."""
+    result = await threads.run(fn, *args) if threads is not None else fn(*args)
+    if inspect.isawaitable(result):
+        result = await result
+    return result
+
+
+class RegisteredTool:
+    """A registered tool with what its calls need decided once, not per call."""
+
+    __slots__ = ("executor_deadlines", "executor_threads", "projector_threads", "spec")
+
+    def __init__(
+        self, spec: ToolSpec, deadlines: dict[float, Deadlines], threads: ToolThreads
+    ) -> None:
+        self.spec = spec
+        plain_executor = not inspect.iscoroutinefunction(spec.executor)
+        self.executor_threads = threads if spec.thread and plain_executor else None
+        plain_projector = not inspect.iscoroutinefunction(spec.projector)
+        self.projector_threads = threads if spec.projector_in_thread and plain_projector else None
+        # Tools with the same time limit share one timer (see eventstore.wire.deadlines).
+        self.executor_deadlines = (
+            deadlines.setdefault(spec.timeout_s, Deadlines(spec.timeout_s))
+            if spec.timeout_s is not None
+            else None
+        )
+
+    async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
+        """Run the executor in ``task`` within the tool's time limit (TimeoutError past it)."""
+        running = call_tool_function(
+            self.spec.executor, arguments, call, threads=self.executor_threads
+        )
+        if self.executor_deadlines is None:
+            return await running
+        return await self.executor_deadlines.run(running, task)

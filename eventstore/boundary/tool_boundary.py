@@ -1,0 +1,399 @@
+"""``ToolBoundary``: the one way a harness runs a tool.
+
+Order of one call: preflight (nothing executed, nothing stored) → the creation script
+(run state, pause, duplicate and budgets, checked atomically with the record's creation)
+→ executor → raw response stored complete → projector → bounded result stored → the
+agent receives that result, or a stable error code with its fixed message. Nothing raised
+by a tool, a projector, the input or Redis escapes to the agent.
+
+Three concerns live in modules of their own: answering a retried call from its record
+(:mod:`eventstore.boundary.duplicates`), closing the record of a call cut short by its
+caller (:mod:`eventstore.boundary.interrupts`) and the OpenTelemetry span of each call
+(:mod:`eventstore.boundary.tracing`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Awaitable, Mapping
+from typing import Any, Final, Literal
+
+import msgspec
+
+from eventstore.boundary.call_stops import CallStop, checked_policy, tool_failed
+from eventstore.boundary.call_trace import CallTrace
+from eventstore.boundary.contracts import (
+    AgentReply,
+    Projection,
+    RunContext,
+    ToolCall,
+    ToolEnvelope,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
+from eventstore.boundary.duplicates import replay_duplicate
+from eventstore.boundary.interrupts import Interruptions, caller_cancelled
+from eventstore.boundary.registered_tools import RegisteredTool, call_tool_function, check_tools
+from eventstore.boundary.tool_threads import ToolThreads
+from eventstore.boundary.tracing import InvocationSpan, tracing
+from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
+from eventstore.store import Store
+from eventstore.wire.deadlines import Deadlines
+from eventstore.writer import Head, preflighted
+from machine.codes import ErrorCode, EvidenceStatus
+from machine.failure_detail import FailureDetailPolicy
+from machine.ids import invocation_id, is_run_id
+from machine.limits import Limits, utf8_size
+from machine.requests import InvalidRequest, canonical_request
+from machine.results import decode_result, encode_raw, encode_result
+
+_encoder: Final = msgspec.json.Encoder()
+_READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
+
+
+#: What a boundary does with a second call of a (run, tool call id): see ToolBoundary.
+OnDuplicate = Literal["refuse", "replay"]
+#: Default longest wait of a replayed call for a first call still PROJECTING.
+DEFAULT_REPLAY_WAIT_S: Final = 10.0
+
+
+class ToolBoundary:
+    """Runs tools for one store with preflight, limits and safe errors.
+
+    Args:
+        store: the canonical store.
+        tools: the tools this boundary may run, by name.
+        store_timeout_s: the longest one store operation may take before the call
+            answers STORE_UNAVAILABLE (default: twice the store's command timeout,
+            which leaves room for its retries).
+        on_duplicate: what a second call with a used (run, tool call id) gets.
+            ``"refuse"`` (default): DUPLICATE_TOOL_CALL. ``"replay"``: the same tool
+            with the same canonical request gets the first call's recorded reply
+            (see :mod:`eventstore.boundary.duplicates`); the tool is not run again and no
+            budget is spent; anything else under that id is still DUPLICATE_TOOL_CALL.
+        replay_wait_s: with ``"replay"``, the longest wait for a first call that is
+            still PROJECTING (0: do not wait).
+        max_tool_threads: how many plain executors and projectors may run at once, in
+            this boundary's own threads (see :mod:`eventstore.boundary.tool_threads`; default:
+            the event loop's default executor).
+        failure_detail: what the record keeps, for the harness only, when an executor
+            or projector raises (:mod:`machine.failure_detail`): ``"full"`` (default:
+            type, message, traceback), ``"type"`` (the type name) or ``"none"``.
+
+    Raises:
+        InvalidArgument: a tool is registered under a name the store refuses
+            (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
+            positive number of seconds, or ``on_duplicate`` / ``replay_wait_s`` is not
+            one of the accepted values, or ``max_tool_threads`` is below 1, or
+            ``failure_detail`` is not a policy; caught here,
+            not on its first call.
+
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        tools: Mapping[str, ToolSpec],
+        *,
+        store_timeout_s: float | None = None,
+        on_duplicate: OnDuplicate = "refuse",
+        replay_wait_s: float = DEFAULT_REPLAY_WAIT_S,
+        max_tool_threads: int | None = None,
+        failure_detail: FailureDetailPolicy = "full",
+    ) -> None:
+        check_tools(tools)
+        if on_duplicate not in ("refuse", "replay"):
+            raise InvalidArgument('on_duplicate must be "refuse" or "replay"')
+        if not (isinstance(replay_wait_s, int | float) and 0 <= replay_wait_s < math.inf):
+            raise InvalidArgument("replay_wait_s must be a finite number of seconds, 0 or more")
+        self._failure_detail = checked_policy(failure_detail)
+        self._store = store
+        self._threads = ToolThreads(max_tool_threads)
+        executor_deadlines: dict[float, Deadlines] = {}
+        self._tools = {
+            name: RegisteredTool(spec, executor_deadlines, self._threads)
+            for name, spec in tools.items()
+        }
+        self._limits: Limits = store.settings.limits
+        self._store_timeout_s = store_timeout_s or store.settings.timeout_s * 2
+        self._store_deadlines = Deadlines(self._store_timeout_s)
+        self._replay = on_duplicate == "replay"
+        self._replay_wait_s = float(replay_wait_s)
+        self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
+
+    def close(self, *, wait: bool = False) -> None:
+        """Stop this boundary's own tool threads; see :meth:`ToolThreads.close`."""
+        self._threads.close(wait=wait)
+
+    async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
+        """Run one tool call and return what the agent may see.
+
+        Never raises for tool, projector, input or store failures. The caller's own
+        cancellation, and a ``KeyboardInterrupt`` or ``SystemExit`` (from the tool or
+        the process), propagate once the call's record, if it has one, is ERROR with
+        CALLER_CANCELLED (best-effort: see :mod:`eventstore.boundary.interrupts`).
+
+        Raises:
+            WrongEventLoop: the store runs in another event loop (a programming error,
+                raised before anything is checked or written).
+
+        """
+        self._store.check_loop()
+        started = time.perf_counter()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("ToolBoundary.invoke must run in an asyncio task")
+        trace = CallTrace(ctx, envelope, task)
+        tool = self._tool_of(envelope)
+        tool_name = envelope.tool if tool is not None else None
+        # Without the otel extra or a configured provider, no span is built.
+        span = InvocationSpan(tool_name, trace.ids) if tracing() else None
+        try:
+            reply = await self._invoke(ctx, envelope, trace)
+        except Exception as exc:  # a bug of ours must still not reach the agent
+            trace.logger.error("invocation_crashed", error_type=type(exc).__name__)
+            reply = trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except BaseException:
+            if span is not None:
+                span.end(None)
+            raise
+        trace.finish(reply, tool_name, started)
+        if span is not None:
+            span.end(reply, replayed=trace.replayed)
+        return reply
+
+    def _tool_of(self, envelope: ToolEnvelope) -> RegisteredTool | None:
+        """The named tool, or None (also for a name that is not even a string)."""
+        return self._tools.get(envelope.tool) if isinstance(envelope.tool, str) else None
+
+    def _preflight(self, ctx: RunContext, envelope: ToolEnvelope) -> tuple[RegisteredTool, bytes]:
+        """Checks that need no I/O, in the order the specification lists them."""
+        # The namespace's key layout decides (the legacy one holds no ':' in a call id).
+        if not self._store.keys.accepts_tool_call_id(envelope.tool_call_id):
+            raise CallStop(ErrorCode.INVALID_TOOL_CALL_ID)
+        if not is_run_id(ctx.run_id) or envelope.run_id != ctx.run_id:
+            raise CallStop(ErrorCode.RUN_MISMATCH)
+        limits = self._limits
+        try:
+            request = canonical_request(
+                envelope.arguments,
+                max_depth=limits.json_depth,
+                max_text_bytes=4 * limits.request_bytes,
+            )
+        except InvalidRequest:
+            raise CallStop(ErrorCode.INVALID_INPUT) from None
+        except OverflowError:
+            raise CallStop(ErrorCode.REQUEST_TOO_LARGE) from None
+        if len(request) > limits.request_bytes:
+            raise CallStop(ErrorCode.REQUEST_TOO_LARGE)
+        tool = self._tool_of(envelope)
+        if tool is None:
+            raise CallStop(ErrorCode.UNKNOWN_TOOL)
+        if not tool.spec.authorized:
+            raise CallStop(ErrorCode.UNAUTHORIZED)
+        if not tool.spec.read_only:
+            raise CallStop(ErrorCode.NOT_READ_ONLY)
+        return tool, request
+
+    async def _commit(
+        self,
+        trace: CallTrace,
+        event_type: str,
+        operation: Awaitable[Head],
+        code: ErrorCode | None = None,
+    ) -> Head:
+        """Write one lifecycle event within the store timeout and note it in ``trace``."""
+        try:
+            head = await self._store_deadlines.run(operation, trace.task)
+        except TimeoutError:
+            raise StoreUnavailable("TimeoutError") from None
+        return trace.commit(event_type, head, code)
+
+    async def _bounded(self, operation: Awaitable[Any]) -> Any:
+        """Await one store read within the store timeout (StoreUnavailable past it)."""
+        try:
+            return await self._store_deadlines.run(operation)
+        except TimeoutError:
+            raise StoreUnavailable("TimeoutError") from None
+
+    async def _invoke(
+        self, ctx: RunContext, envelope: ToolEnvelope, trace: CallTrace
+    ) -> AgentReply:
+        try:
+            tool, request = self._preflight(ctx, envelope)
+        except CallStop as stop:
+            return trace.refuse(stop.code, "preflight")
+        run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
+        # Built before it is sent, so that an interrupted creation can be sent again.
+        creation = preflighted(run_id, tool_call_id, envelope.tool, request)
+        writer = self._store.writer
+        try:
+            head = await self._commit(
+                trace,
+                "Preflighted",
+                writer.append(creation, request, run_id=run_id, tool_call_id=tool_call_id),
+            )
+        except Refused as refused:
+            if refused.error_code is None:
+                return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+            if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
+                return await self._replay_duplicate(trace, run_id, envelope.tool, request)
+            return trace.refuse(refused.error_code, "create")
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except BaseException:
+            await self._interruptions.close(None, (creation, request), trace.interrupted)
+            raise
+        call = ToolCall(
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            invocation_id=trace.invocation_id or invocation_id(run_id, tool_call_id),
+            tool=envelope.tool,
+        )
+        try:
+            return await self._execute(tool, call, request, head, trace)
+        except RecordExpired:
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
+        except (StoreUnavailable, Refused):
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    async def _replay_duplicate(
+        self, trace: CallTrace, run_id: str, tool: str, request: bytes
+    ) -> AgentReply:
+        """Answer a duplicate from the first call's record (``on_duplicate="replay"``)."""
+        tool_call_id = trace.ids["tool_call_id"]
+        assert tool_call_id is not None  # past preflight: a safe id
+        try:
+            reply = await replay_duplicate(
+                self._store.reader,
+                self._bounded,
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+                tool=tool,
+                request=request,
+                wait_s=self._replay_wait_s,
+            )
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        if isinstance(reply, ToolError) and reply.invocation_id is None:
+            # Nothing recorded answers it (another request, or the record is gone).
+            return trace.refuse(reply.error_code, "replay")
+        return trace.replay(reply)
+
+    async def _execute(
+        self, tool: RegisteredTool, call: ToolCall, request: bytes, head: Head, trace: CallTrace
+    ) -> AgentReply:
+        """Executor, raw storage, projector, result storage; failures end in ERROR."""
+        limits = self._limits
+        arguments = msgspec.json.decode(request)
+        try:
+            try:
+                raw_value = await tool.execute(arguments, call, trace.task)
+            except Exception as exc:
+                raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
+            except asyncio.CancelledError as exc:
+                if caller_cancelled(trace.task):
+                    raise
+                # The tool's own CancelledError, not its caller's: a tool failure.
+                raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
+            try:
+                raw = encode_raw(raw_value)
+            except (TypeError, ValueError, OverflowError):
+                raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
+            if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
+                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(raw))
+            head = await self._commit(
+                trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
+            )
+
+            stored = len(request) + len(raw)
+            projection, evidence = await self._project(tool, raw_value, call, trace.task, stored)
+            try:
+                # NaN and Infinity are refused: stored as null, the agent would be shown
+                # a value the record does not hold.
+                result = encode_result(projection.result)
+            except (TypeError, ValueError, OverflowError):
+                raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
+            scope_bytes = utf8_size(projection.scope)
+            total = len(request) + len(raw) + len(result) + scope_bytes
+            if (
+                len(result) > limits.result_bytes
+                or scope_bytes > limits.scope_bytes
+                or total > limits.record_bytes
+            ):
+                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(result))
+            await self._commit(
+                trace,
+                "Completed",
+                self._store.writer.complete(head, result, evidence, projection.scope),
+            )
+        except CallStop as stop:
+            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes, stop.detail)
+            await self._closing_if_cut(
+                trace, head, self._commit(trace, "Failed", failing, stop.code)
+            )
+            return trace.error(stop.code, recorded=True)
+        except Exception:
+            raise  # store failures: answered by _invoke
+        except BaseException:
+            # The caller's cancellation, KeyboardInterrupt, SystemExit: close, then go on.
+            await self._interruptions.close(head, None, trace.interrupted)
+            raise
+        return ToolResult(
+            # What the record holds, decoded: the agent, a replay and a receipt agree.
+            result=decode_result(result),
+            evidence_status=evidence,
+            scope=projection.scope,
+            tool_call_id=call.tool_call_id,
+            invocation_id=call.invocation_id,
+        )
+
+    async def _closing_if_cut(self, trace: CallTrace, head: Head, step: Awaitable[Head]) -> Head:
+        """Await ``step``; if the call is cut short meanwhile, close its record, then go on."""
+        try:
+            return await step
+        except Exception:
+            raise
+        except BaseException:
+            await self._interruptions.close(head, None, trace.interrupted)
+            raise
+
+    def _failed(self, code: ErrorCode, exc: BaseException, stored_bytes: int) -> CallStop:
+        """The stop of a raising executor or projector, with its failure detail."""
+        return tool_failed(code, exc, self._failure_detail, self._limits, stored_bytes)
+
+    async def _project(
+        self,
+        tool: RegisteredTool,
+        raw_value: Any,
+        call: ToolCall,
+        task: asyncio.Task[Any],
+        stored_bytes: int,
+    ) -> tuple[Projection, EvidenceStatus]:
+        """Run the projector; its answer, checked in shape, and its evidence status."""
+        try:
+            projection = await call_tool_function(
+                tool.spec.projector, raw_value, call, threads=tool.projector_threads
+            )
+        except Exception as exc:
+            raise self._failed(ErrorCode.PROJECTION_FAILED, exc, stored_bytes) from None
+        except asyncio.CancelledError as exc:
+            if caller_cancelled(task):
+                raise
+            raise self._failed(ErrorCode.PROJECTION_FAILED, exc, stored_bytes) from None
+        if not isinstance(projection, Projection) or not isinstance(projection.scope, str):
+            raise CallStop(ErrorCode.PROJECTION_FAILED)
+        try:
+            evidence = EvidenceStatus(projection.evidence_status)
+        except ValueError:
+            raise CallStop(ErrorCode.INVALID_EVIDENCE_STATUS) from None
+        if evidence not in _READY_EVIDENCE:
+            raise CallStop(ErrorCode.INVALID_EVIDENCE_STATUS)
+        try:
+            projection.scope.encode("utf-8")
+        except UnicodeEncodeError:
+            raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
+        return projection, evidence
