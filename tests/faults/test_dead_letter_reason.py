@@ -32,6 +32,45 @@ async def _failures_logged(log_path: Path, process: Any, count: int, timeout_s: 
         await asyncio.sleep(0.02)
 
 
+async def _settled_by_first_worker(store: Store, process: Any, timeout_s: float) -> None:
+    """Wait until the worker process was handed every feed entry of both projections and
+    has recorded a failure reason for each entry it still holds.
+
+    Killing it earlier could catch an entry between its delivery and its failure record:
+    that entry's dead letter would then rightly say "unknown".
+    """
+    deadline = time.monotonic() + timeout_s
+    while not await _every_held_entry_has_a_reason(store):
+        assert process.poll() is None, "the worker process exited before it was killed"
+        assert time.monotonic() < deadline, "the worker did not settle the entries"
+        await asyncio.sleep(0.02)
+
+
+async def _every_held_entry_has_a_reason(store: Store) -> bool:
+    for shard in range(SHARDS):
+        feed = store.keys.feed(shard)
+        last = await store.client.xrevrange(feed, count=1)
+        if not last:
+            continue
+        groups = {group["name"]: group for group in await store.client.xinfo_groups(feed)}
+        for projection in (b"receipts", b"progress"):
+            group = groups.get(projection)
+            if group is None or _stream_id(group["last-delivered-id"]) < _stream_id(last[0][0]):
+                return False
+            pending = await store.client.xpending_range(feed, projection, "-", "+", 100)
+            for entry in pending:
+                entry_id = entry["message_id"].decode()
+                key = store.keys.failure(shard, projection.decode(), entry_id)
+                if not await store.client.exists(key):
+                    return False
+    return True
+
+
+def _stream_id(entry_id: bytes) -> tuple[int, int]:
+    milliseconds, sequence = entry_id.split(b"-")
+    return int(milliseconds), int(sequence)
+
+
 async def test_a_dead_letter_keeps_the_reason_seen_by_a_killed_worker(
     start_server: Any, spawn_workers: Any, namespace: str
 ) -> None:
@@ -55,6 +94,7 @@ async def test_a_dead_letter_keeps_the_reason_seen_by_a_killed_worker(
 
         first, first_log = spawn_workers(*common, "--consumer=a", "--min-idle-ms=600000")
         await _failures_logged(first_log, first, 3, timeout_s=30)
+        await _settled_by_first_worker(store, first, timeout_s=30)
         first.send_signal(signal.SIGKILL)
         assert await asyncio.to_thread(first.wait, 10) == -signal.SIGKILL
 
