@@ -17,7 +17,16 @@ from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.wire.keys import Keys, shard_of
-from eventstore.wire.scripts import OpenRunScript, Scripts, UpdateRunScript
+from eventstore.wire.lua import NOTHING, flat
+from eventstore.wire.scripts import (
+    OpenRunArgv,
+    OpenRunKeys,
+    OpenRunScript,
+    Scripts,
+    UpdateRunKeys,
+    UpdateRunScript,
+    budget_argument,
+)
 from machine.ids import is_run_id, is_tool_name
 
 _TOKEN_PREFIX: Final = "cr1"  # noqa: S105 (a format marker, not a secret)
@@ -113,15 +122,19 @@ class RunRegistry:
         token = f"{_TOKEN_PREFIX}:{run_id}:{secrets.token_urlsafe(32)}"
         expires_at_ms = await self._scripts.open_run(
             OpenRunScript.arguments(
-                run=self._keys.run(run_id),
-                runs=self._keys.run_index(shard_of(run_id, self._keys.shards)),
-                control=self._keys.control_of(run_id),
-                token_sha256=token_digest(token),
-                deadline_ms=deadline_ms,
-                ttl_ms=self._ttl_ms,
-                budget=budget,
-                run_id=run_id,
-                tools=list(grants.items()),
+                OpenRunKeys(
+                    run=self._keys.run(run_id),
+                    runs=self._keys.run_index(shard_of(run_id, self._keys.shards)),
+                    control=self._keys.control_of(run_id),
+                ),
+                OpenRunArgv(
+                    token_sha256=token_digest(token),
+                    deadline_ms=deadline_ms,
+                    ttl_ms=self._ttl_ms,
+                    budget=budget_argument(budget),
+                    run_id=run_id,
+                ),
+                group_args=flat((tool, budget_argument(limit)) for tool, limit in grants.items()),
             )
         )
         return OpenedRun(
@@ -132,7 +145,9 @@ class RunRegistry:
         if not is_run_id(run_id):
             return False
         return await self._scripts.update_run(
-            UpdateRunScript.arguments(run=self._keys.run(run_id), fields=pairs)
+            UpdateRunScript.arguments(
+                UpdateRunKeys(self._keys.run(run_id)), NOTHING, group_args=pairs
+            )
         )
 
     async def close(self, run_id: str) -> bool:

@@ -18,7 +18,15 @@ from redis.asyncio import Redis
 
 from eventstore.errors import InvalidArgument
 from eventstore.wire.keys import Keys
-from eventstore.wire.scripts import AppendScript, CreateScript, Scripts
+from eventstore.wire.scripts import (
+    AppendArgv,
+    AppendKeys,
+    AppendScript,
+    CreateArgv,
+    CreateKeys,
+    CreateScript,
+    Scripts,
+)
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import (
     GENESIS_HASH,
@@ -95,6 +103,19 @@ def preflighted(run_id: str, tool_call_id: str, tool: str, request: bytes) -> Pr
     )
 
 
+def _next_event(head: Head) -> dict[str, Any]:
+    """The fields every event after ``head`` starts with, written once for all three.
+
+    A new event id, the next version, the time now and the hash of the event before it.
+    """
+    return {
+        "event_id": new_event_id(),
+        "version": head.version + 1,
+        "at_ms": now_ms(),
+        "prev_hash": head.last_hash,
+    }
+
+
 class Writer:
     """Appends events through the store's scripts."""
 
@@ -150,45 +171,41 @@ class Writer:
         if isinstance(event, Preflighted):
             committed = await self._scripts.create(
                 CreateScript.arguments(
-                    record=keys.record,
-                    stream=keys.stream,
-                    feed=keys.feed,
-                    run=keys.run,
-                    control=keys.control,
-                    event_id=event.event_id,
-                    event_hash=hash_,
-                    event=encoded,
-                    run_id=run_id,
-                    tool_call_id=tool_call_id,
-                    tool=event.tool,
-                    invocation_id=invocation_id(run_id, tool_call_id),
-                    at_ms=event.at_ms,
-                    ttl_ms=self._ttl_ms,
-                    retention_ms=self._feed_retention_ms,
-                    version=event.version,
-                    prev_hash=event.prev_hash,
-                    fields=pairs,
+                    CreateKeys(keys.record, keys.stream, keys.feed, keys.run, keys.control),
+                    CreateArgv(
+                        event_id=event.event_id,
+                        event_hash=hash_,
+                        event=encoded,
+                        run_id=run_id,
+                        tool_call_id=tool_call_id,
+                        tool=event.tool,
+                        invocation_id=invocation_id(run_id, tool_call_id),
+                        at_ms=event.at_ms,
+                        ttl_ms=self._ttl_ms,
+                        retention_ms=self._feed_retention_ms,
+                        version=event.version,
+                        prev_hash=event.prev_hash,
+                    ),
+                    group_args=pairs,
                 )
             )
         else:
             committed = await self._scripts.append(
                 AppendScript.arguments(
-                    record=keys.record,
-                    stream=keys.stream,
-                    feed=keys.feed,
-                    progress=keys.progress,
-                    run=keys.run,
-                    event_type=kind,
-                    version=event.version,
-                    event_id=event.event_id,
-                    prev_hash=event.prev_hash,
-                    event_hash=hash_,
-                    event=encoded,
-                    at_ms=event.at_ms,
-                    retention_ms=self._feed_retention_ms,
-                    run_id=run_id,
-                    tool_call_id=tool_call_id,
-                    fields=pairs,
+                    AppendKeys(keys.record, keys.stream, keys.feed, keys.progress, keys.run),
+                    AppendArgv(
+                        event_type=kind,
+                        version=event.version,
+                        event_id=event.event_id,
+                        prev_hash=event.prev_hash,
+                        event_hash=hash_,
+                        event=encoded,
+                        at_ms=event.at_ms,
+                        retention_ms=self._feed_retention_ms,
+                        run_id=run_id,
+                        tool_call_id=tool_call_id,
+                    ),
+                    group_args=pairs,
                 )
             )
         return Head(
@@ -216,10 +233,7 @@ class Writer:
     async def start_projecting(self, head: Head, raw: bytes) -> Head:
         """Store the executor's complete raw response (ProjectingStarted)."""
         event = ProjectingStarted(
-            event_id=new_event_id(),
-            version=head.version + 1,
-            at_ms=now_ms(),
-            prev_hash=head.last_hash,
+            **_next_event(head),
             raw_sha256=payload_digest(raw),
             raw_bytes=len(raw),
         )
@@ -230,10 +244,7 @@ class Writer:
     ) -> Head:
         """Store the bounded agent result and make the record READY (Completed)."""
         event = Completed(
-            event_id=new_event_id(),
-            version=head.version + 1,
-            at_ms=now_ms(),
-            prev_hash=head.last_hash,
+            **_next_event(head),
             result_sha256=payload_digest(result),
             result_bytes=len(result),
             evidence_status=evidence_status,
@@ -255,10 +266,7 @@ class Writer:
         the event.
         """
         event = Failed(
-            event_id=new_event_id(),
-            version=head.version + 1,
-            at_ms=now_ms(),
-            prev_hash=head.last_hash,
+            **_next_event(head),
             error_code=error_code,
             rejected_bytes=rejected_bytes,
             failure_detail_sha256=UNSET

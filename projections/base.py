@@ -11,7 +11,16 @@ from eventstore.wire.keys import shard_of
 from eventstore.writer import now_ms
 from projections.feed import FeedEntry, Outcome, unsettled_entry
 from projections.generations import group_name
-from projections.scripts import DeadLetterScript, ProjectionScripts, SettleScript, ShardKeys
+from projections.scripts import (
+    DeadLetterArgv,
+    DeadLetterKeys,
+    DeadLetterScript,
+    ProjectionScripts,
+    SettleArgv,
+    SettleKeys,
+    SettleScript,
+    ShardKeys,
+)
 
 #: Most dead letters kept per shard; older ones are trimmed by length.
 DEAD_LETTER_CAP: Final = 10_000
@@ -86,12 +95,8 @@ class BaseProjection(ABC):
         """
         settled = await self.scripts.settle(
             SettleScript.arguments(
-                position=self.position_key(shard),
-                feed=self.store.keys.feed(shard),
-                group=self._name,
-                entry_id=entry_id,
-                counter=counter,
-                now_ms=now_ms(),
+                SettleKeys(position=self.position_key(shard), feed=self.store.keys.feed(shard)),
+                SettleArgv(group=self._name, entry_id=entry_id, counter=counter, now_ms=now_ms()),
             )
         )
         if not settled:
@@ -118,17 +123,21 @@ class BaseProjection(ABC):
             pairs += (b"f:" + name, value)
         return await self.scripts.dead_letter(
             DeadLetterScript.arguments(
-                dead_letters=keys.dead_letters(shard),
-                position=self.position_key(shard),
-                feed=keys.feed(shard),
-                group=self._name,
-                entry_id=entry_id,
-                reason=reason,
-                error_type=error,
-                deliveries=deliveries,
-                now_ms=now_ms(),
-                cap=DEAD_LETTER_CAP,
-                fields=pairs,
+                DeadLetterKeys(
+                    dead_letters=keys.dead_letters(shard),
+                    position=self.position_key(shard),
+                    feed=keys.feed(shard),
+                ),
+                DeadLetterArgv(
+                    group=self._name,
+                    entry_id=entry_id,
+                    reason=reason,
+                    error_type=error,
+                    deliveries=deliveries,
+                    now_ms=now_ms(),
+                    cap=DEAD_LETTER_CAP,
+                ),
+                group_args=pairs,
             )
         )
 

@@ -28,7 +28,7 @@ from projections.base import (
 from projections.facts import FactScan, extend_facts
 from projections.feed import FeedEntry, Outcome
 from projections.generations import current_generation
-from projections.scripts import Unproduced, ViewPut, ViewsPutScript
+from projections.scripts import Unproduced, ViewArgs, ViewKeys, ViewPut, ViewsPutScript
 from projections.worker.runtime import Worker, WorkerOptions
 
 PROGRESS_PROJECTION: Final = "progress"
@@ -112,22 +112,26 @@ class ProgressProjection(BaseProjection):
             run_facts, covered = facts.get(index, (b"", 0))
             views.append(
                 ViewPut(
-                    view=keys.run_view(entry.run_id, self.generation),
-                    run=keys.run(entry.run_id),
-                    shard=numbers[entry.shard],
-                    entry_id=entry.entry_id,
-                    tool_call_id=entry.tool_call_id,
-                    version=int(version),
-                    status=status,
-                    evidence_status=evidence,
-                    updated_at_ms=int(updated),
-                    facts=run_facts,
-                    covered=covered,
+                    ViewKeys(
+                        view=keys.run_view(entry.run_id, self.generation),
+                        run=keys.run(entry.run_id),
+                    ),
+                    ViewArgs(
+                        shard=numbers[entry.shard],
+                        entry_id=entry.entry_id,
+                        tool_call_id=entry.tool_call_id,
+                        version=int(version),
+                        status=status,
+                        evidence_status=evidence,
+                        updated_at_ms=int(updated),
+                        facts=run_facts,
+                        covered=covered,
+                    ),
                 )
             )
         rest = settled_without_output(entries, {(e.shard, e.entry_id) for e, _ in items}, expired)
         reply = await self.scripts.views_put(
-            ViewsPutScript.arguments(
+            ViewsPutScript.batch(
                 group=self.name,
                 now_ms=now_ms(),
                 shards=shards,

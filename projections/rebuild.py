@@ -45,7 +45,12 @@ from eventstore.writer import now_ms
 from projections.generations import REBUILD_FIELD, current_generation, group_name
 from projections.progress import ProgressProjection
 from projections.receipts.projection import ReceiptProjection
-from projections.scripts import FOLDER, SwitchGenerationScript
+from projections.scripts import (
+    FOLDER,
+    SwitchGenerationArgv,
+    SwitchGenerationKeys,
+    SwitchGenerationScript,
+)
 from projections.worker.lag import feed_groups
 from projections.worker.runtime import Worker, default_consumer
 
@@ -151,10 +156,10 @@ class Rebuild:
         await worker.run(burst=True)
         await SwitchGenerationScript(self.store.client, FOLDER)(
             SwitchGenerationScript.arguments(
-                meta=self.store.keys.meta(),
-                projection=self.projection,
-                token=claim,
-                generation=generation,
+                SwitchGenerationKeys(self.store.keys.meta()),
+                SwitchGenerationArgv(
+                    projection=self.projection, token=claim, generation=generation
+                ),
             )
         )
         switched_at = time.monotonic()

@@ -3,9 +3,10 @@
 Every write script stores a projection's output, moves its per-shard position and
 acknowledges the entry in one step. Scripts are loaded by the store's one loader
 (:mod:`eventstore.wire.lua`); ``helpers.lua`` (pending check, settling) and ``batch_put.lua``
-(the loop of the batch scripts) are included with ``-- @include``. A wrapper's
-``layout`` is its script's KEYS and ARGV in order (checked against the header by a
-test) and its ``arguments`` the only code that fills them.
+(the loop of the batch scripts) are included with ``-- @include``. A script's
+KEYS and ARGV are declared once, in order, by ``NamedTuple`` classes (one per repeated
+group too): the wrapper's ``layout`` is derived from them (and checked against the
+header by a test), and so is the packing of a call.
 """
 
 from __future__ import annotations
@@ -14,11 +15,19 @@ from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from redis.asyncio import Redis
-from redis.typing import EncodableT
 
 from eventstore.errors import RebuildLost, redis_errors
 from eventstore.wire.batching import ScriptBatcher
-from eventstore.wire.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
+from eventstore.wire.lua import (
+    FIELD_VALUE,
+    NOTHING,
+    KeysAndArgs,
+    Layout,
+    LuaScript,
+    Nothing,
+    ScriptFolder,
+    flat,
+)
 from eventstore.wire.replies import reply_text
 
 #: The projections' scripts folder.
@@ -40,22 +49,48 @@ class Unproduced(NamedTuple):
     counter: str
 
 
-class ReceiptPut(NamedTuple):
-    """One receipt a batch stores: its keys, its entry (id "" for none) and its body."""
+class BatchArgv(NamedTuple):
+    """A batch script's fixed ARGV: its group, the time, and how many shards and items."""
 
-    receipt_key: str
+    group: str
+    now_ms: int
+    shards: int
+    items: int
+
+
+class ReceiptKeys(NamedTuple):
+    """The keys of one receipt a batch stores: the receipt and its invocation's record."""
+
+    receipt: str
     record: str
+
+
+class ReceiptArgs(NamedTuple):
+    """One receipt a batch stores: its entry (id "" for none), version and body."""
+
     shard: int
     entry_id: str
     version: int
     receipt: bytes
 
 
-class ViewPut(NamedTuple):
-    """One invocation's status a batch folds into its run's view (facts b"": unchanged)."""
+class ReceiptPut(NamedTuple):
+    """One receipt a batch stores: its keys and its arguments."""
+
+    keys: ReceiptKeys
+    args: ReceiptArgs
+
+
+class ViewKeys(NamedTuple):
+    """The keys of one view item: the run's view and the run's registry hash."""
 
     view: str
     run: str
+
+
+class ViewArgs(NamedTuple):
+    """One invocation's status a batch folds into its run's view (facts b"": unchanged)."""
+
     shard: int
     entry_id: str
     tool_call_id: str
@@ -65,6 +100,13 @@ class ViewPut(NamedTuple):
     updated_at_ms: int
     facts: bytes
     covered: int
+
+
+class ViewPut(NamedTuple):
+    """One view item a batch folds in: its keys and its arguments."""
+
+    keys: ViewKeys
+    args: ViewArgs
 
 
 class BatchReply(NamedTuple):
@@ -86,26 +128,38 @@ def _batch_reply(reply: Any, items: int) -> BatchReply:
     return BatchReply(pairs[:items], [outcome for outcome, _ in pairs[items:]])
 
 
-def _batch_head(
-    group: str, now_ms: int, shards: Sequence[ShardKeys], items: int
-) -> tuple[list[str], list[EncodableT]]:
-    keys = [key for shard in shards for key in shard]
-    return keys, [group, now_ms, len(shards), items]
+#: Where a batch's item count is in its ARGV (the reply is split there).
+_ITEMS: Final = BatchArgv._fields.index("items")
 
 
-class ReceiptsPutScript(LuaScript):
+def _batch(
+    group: str,
+    now_ms: int,
+    shards: Sequence[ShardKeys],
+    puts: Sequence[ReceiptPut] | Sequence[ViewPut],
+    unproduced: Sequence[Unproduced],
+) -> KeysAndArgs:
+    """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
+    return LuaScript.arguments(
+        NOTHING,
+        BatchArgv(group, now_ms, len(shards), len(puts)),
+        group_keys=[*flat(shards), *flat(put.keys for put in puts)],
+        group_args=[*flat(put.args for put in puts), *flat(unproduced)],
+    )
+
+
+class ReceiptsPutScript(LuaScript[Nothing, BatchArgv]):
     """``receipts_put.lua``: store receipts version-guarded and settle a batch of entries."""
 
     name = "receipts_put"
-    layout = Layout(
-        argv=("group", "now_ms", "shards", "items"),
-        key_groups=(("position", "feed"), ("receipt", "record")),
-        argv_groups=(("shard", "entry_id", "version", "receipt"), ("shard", "entry_id", "counter")),
+    layout = Layout.of(
+        argv=BatchArgv,
+        key_groups=(ShardKeys, ReceiptKeys),
+        argv_groups=(ReceiptArgs, Unproduced),
     )
 
     @staticmethod
-    def arguments(
-        *,
+    def batch(
         group: str,
         now_ms: int,
         shards: Sequence[ShardKeys],
@@ -113,13 +167,7 @@ class ReceiptsPutScript(LuaScript):
         unproduced: Sequence[Unproduced],
     ) -> KeysAndArgs:
         """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
-        keys, args = _batch_head(group, now_ms, shards, len(receipts))
-        for put in receipts:
-            keys += (put.receipt_key, put.record)
-            args += (put.shard, put.entry_id, put.version, put.receipt)
-        for entry in unproduced:
-            args += (entry.shard, entry.entry_id, entry.counter)
-        return keys, args
+        return _batch(group, now_ms, shards, receipts, unproduced)
 
     async def __call__(self, call: KeysAndArgs) -> BatchReply:
         """Run the batch; one outcome per receipt, then per unproduced entry.
@@ -130,35 +178,21 @@ class ReceiptsPutScript(LuaScript):
         """
         async with redis_errors():
             reply = await self._call(self.script, call[0], call[1])
-        return _batch_reply(reply, int(call[1][3]))
+        return _batch_reply(reply, int(call[1][_ITEMS]))
 
 
-class ViewsPutScript(LuaScript):
+class ViewsPutScript(LuaScript[Nothing, BatchArgv]):
     """``views_put.lua``: fold invocations' statuses into their runs' views, settling entries."""
 
     name = "views_put"
-    layout = Layout(
-        argv=("group", "now_ms", "shards", "items"),
-        key_groups=(("position", "feed"), ("view", "run")),
-        argv_groups=(
-            (
-                "shard",
-                "entry_id",
-                "tool_call_id",
-                "version",
-                "status",
-                "evidence_status",
-                "updated_at_ms",
-                "facts",
-                "covered",
-            ),
-            ("shard", "entry_id", "counter"),
-        ),
+    layout = Layout.of(
+        argv=BatchArgv,
+        key_groups=(ShardKeys, ViewKeys),
+        argv_groups=(ViewArgs, Unproduced),
     )
 
     @staticmethod
-    def arguments(
-        *,
+    def batch(
         group: str,
         now_ms: int,
         shards: Sequence[ShardKeys],
@@ -166,14 +200,7 @@ class ViewsPutScript(LuaScript):
         unproduced: Sequence[Unproduced],
     ) -> KeysAndArgs:
         """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
-        keys, args = _batch_head(group, now_ms, shards, len(views))
-        for put in views:
-            keys += (put.view, put.run)
-            args += (put.shard, put.entry_id, put.tool_call_id, put.version, put.status)
-            args += (put.evidence_status, put.updated_at_ms, put.facts, put.covered)
-        for entry in unproduced:
-            args += (entry.shard, entry.entry_id, entry.counter)
-        return keys, args
+        return _batch(group, now_ms, shards, views, unproduced)
 
     async def __call__(self, call: KeysAndArgs) -> BatchReply:
         """Run the batch; one outcome per view item, then per unproduced entry.
@@ -184,19 +211,26 @@ class ViewsPutScript(LuaScript):
         """
         async with redis_errors():
             reply = await self._call(self.script, call[0], call[1])
-        return _batch_reply(reply, int(call[1][3]))
+        return _batch_reply(reply, int(call[1][_ITEMS]))
 
 
-class ReadSnapshotsScript(LuaScript):
+class SnapshotKeys(NamedTuple):
+    """The keys of one invocation a snapshot read covers: its record and its stream."""
+
+    record: str
+    stream: str
+
+
+class ReadSnapshotsScript(LuaScript[Nothing, Nothing]):
     """``read_snapshots.lua``: read several invocations' records and streams in one step."""
 
     name = "read_snapshots"
-    layout = Layout(key_groups=(("record", "stream"),), argv_groups=(("field",),))
+    layout = Layout.of(key_groups=(SnapshotKeys,), argv_groups=(("field",),))
 
-    @staticmethod
-    def arguments(*, invocations: Sequence[tuple[str, str]], fields: Sequence[str]) -> KeysAndArgs:
-        """KEYS and ARGV of one read: (record, stream) of each invocation, the fields."""
-        return [key for pair in invocations for key in pair], list(fields)
+    @classmethod
+    def reading(cls, invocations: Sequence[SnapshotKeys], fields: Sequence[str]) -> KeysAndArgs:
+        """KEYS and ARGV of one read: the invocations' keys, then the fields to read."""
+        return cls.arguments(NOTHING, NOTHING, group_keys=flat(invocations), group_args=fields)
 
     async def __call__(self, call: KeysAndArgs) -> list[tuple[list[Any], list[Any]]]:
         """Per invocation, the record's values of the fields and the stream's entries.
@@ -210,18 +244,27 @@ class ReadSnapshotsScript(LuaScript):
         return [(reply[i], reply[i + 1]) for i in range(0, len(reply), 2)]
 
 
-class SettleScript(LuaScript):
+class SettleKeys(NamedTuple):
+    """``settle.lua``'s KEYS, in order."""
+
+    position: str
+    feed: str
+
+
+class SettleArgv(NamedTuple):
+    """``settle.lua``'s ARGV, in order."""
+
+    group: str
+    entry_id: str
+    counter: str
+    now_ms: int
+
+
+class SettleScript(LuaScript[SettleKeys, SettleArgv]):
     """``settle.lua``: acknowledge an entry that produces no output, counting why."""
 
     name = "settle"
-    layout = Layout(keys=("position", "feed"), argv=("group", "entry_id", "counter", "now_ms"))
-
-    @staticmethod
-    def arguments(
-        *, position: str, feed: str, group: str, entry_id: str, counter: str, now_ms: int
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one call."""
-        return [position, feed], [group, entry_id, counter, now_ms]
+    layout = Layout.of(SettleKeys, SettleArgv)
 
     async def __call__(self, call: KeysAndArgs) -> bool:
         """Settle the entry; False when it was already settled (nothing changed).
@@ -235,34 +278,31 @@ class SettleScript(LuaScript):
         return reply_text(reply[0]) == "settled"
 
 
-class DeadLetterScript(LuaScript):
+class DeadLetterKeys(NamedTuple):
+    """``dead_letter.lua``'s KEYS, in order."""
+
+    dead_letters: str
+    position: str
+    feed: str
+
+
+class DeadLetterArgv(NamedTuple):
+    """``dead_letter.lua``'s fixed ARGV, in order (the entry's pairs follow, names prefixed)."""
+
+    group: str
+    entry_id: str
+    reason: str
+    error_type: str
+    deliveries: int
+    now_ms: int
+    cap: int
+
+
+class DeadLetterScript(LuaScript[DeadLetterKeys, DeadLetterArgv]):
     """``dead_letter.lua``: move an entry that failed too often to the dead letters."""
 
     name = "dead_letter"
-    layout = Layout(
-        keys=("dead_letters", "position", "feed"),
-        argv=("group", "entry_id", "reason", "error_type", "deliveries", "now_ms", "cap"),
-        argv_groups=(("field", "value"),),
-    )
-
-    @staticmethod
-    def arguments(
-        *,
-        dead_letters: str,
-        position: str,
-        feed: str,
-        group: str,
-        entry_id: str,
-        reason: str,
-        error_type: str,
-        deliveries: int,
-        now_ms: int,
-        cap: int,
-        fields: Sequence[EncodableT],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one call; ``fields`` are the entry's pairs, names prefixed."""
-        args: list[EncodableT] = [group, entry_id, reason, error_type, deliveries, now_ms, cap]
-        return [dead_letters, position, feed], [*args, *fields]
+    layout = Layout.of(DeadLetterKeys, DeadLetterArgv, argv_groups=(FIELD_VALUE,))
 
     async def __call__(self, call: KeysAndArgs) -> bool:
         """Dead-letter the entry; False when it was already settled (nothing changed).
@@ -276,16 +316,25 @@ class DeadLetterScript(LuaScript):
         return reply_text(reply[0]) == "dead"
 
 
-class SwitchGenerationScript(LuaScript):
+class SwitchGenerationKeys(NamedTuple):
+    """``switch_generation.lua``'s KEYS."""
+
+    meta: str
+
+
+class SwitchGenerationArgv(NamedTuple):
+    """``switch_generation.lua``'s ARGV, in order."""
+
+    projection: str
+    token: str
+    generation: int
+
+
+class SwitchGenerationScript(LuaScript[SwitchGenerationKeys, SwitchGenerationArgv]):
     """``switch_generation.lua``: make a rebuilt generation the one readers use."""
 
     name = "switch_generation"
-    layout = Layout(keys=("meta",), argv=("projection", "token", "generation"))
-
-    @staticmethod
-    def arguments(*, meta: str, projection: str, token: str, generation: int) -> KeysAndArgs:
-        """KEYS and ARGV of one call."""
-        return [meta], [projection, token, generation]
+    layout = Layout.of(SwitchGenerationKeys, SwitchGenerationArgv)
 
     async def __call__(self, call: KeysAndArgs) -> int:
         """Switch; return the generation readers used before.

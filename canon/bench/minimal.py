@@ -8,67 +8,47 @@ invocation's three calls are built by :meth:`canon.bench.workload.FloorArgs.mini
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Final
-
-from redis.typing import EncodableT
+from typing import Final, NamedTuple
 
 from eventstore.errors import redis_errors
-from eventstore.wire.lua import KeysAndArgs, Layout, LuaScript, ScriptFolder
+from eventstore.wire.lua import FIELD_VALUE, KeysAndArgs, Layout, LuaScript, ScriptFolder
 from eventstore.wire.replies import reply_text
 
 #: The benchmark's scripts folder.
 FOLDER: Final = ScriptFolder("canon.bench")
 
 
-class MinimalWriteScript(LuaScript):
+class MinimalWriteKeys(NamedTuple):
+    """``minimal_write.lua``'s KEYS, in order."""
+
+    record: str
+    stream: str
+    feed: str
+
+
+class MinimalWriteArgv(NamedTuple):
+    """``minimal_write.lua``'s fixed ARGV, in order (the record's field/value pairs follow).
+
+    ``expires_at_ms`` is ``""`` after the first event (the expiry is set once).
+    """
+
+    event: bytes
+    expires_at_ms: int | str
+    run_id: str
+    tool_call_id: str
+    version: int
+    type_code: int
+    status_code: int
+
+
+class MinimalWriteScript(LuaScript[MinimalWriteKeys, MinimalWriteArgv]):
     """``minimal_write.lua``: write one event's record fields, stream entry and feed entry."""
 
     name = "minimal_write"
-    layout = Layout(
-        keys=("record", "stream", "feed"),
-        argv=(
-            "event",
-            "expires_at_ms",
-            "run_id",
-            "tool_call_id",
-            "version",
-            "type_code",
-            "status_code",
-        ),
-        argv_groups=(("field", "value"),),
-    )
-
-    @staticmethod
-    def arguments(
-        *,
-        record: str,
-        stream: str,
-        feed: str,
-        event: bytes,
-        expires_at_ms: int | None,
-        run_id: str,
-        tool_call_id: str,
-        version: int,
-        type_code: int,
-        status_code: int,
-        fields: Sequence[EncodableT],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one call; ``expires_at_ms`` is None after the first event."""
-        args: list[EncodableT] = [
-            event,
-            "" if expires_at_ms is None else expires_at_ms,
-            run_id,
-            tool_call_id,
-            version,
-            type_code,
-            status_code,
-            *fields,
-        ]
-        return [record, stream, feed], args
+    layout = Layout.of(MinimalWriteKeys, MinimalWriteArgv, argv_groups=(FIELD_VALUE,))
 
     async def __call__(self, call: KeysAndArgs) -> str:
-        """Run the script with :meth:`arguments`' KEYS and ARGV; return the feed entry id.
+        """Run the script; return the feed entry id.
 
         Raises:
             StoreUnavailable: Redis failed or timed out.

@@ -16,10 +16,17 @@ from typing import Any, Final
 
 from redis.typing import EncodableT
 
-from canon.bench.minimal import MinimalWriteScript
+from canon.bench.minimal import MinimalWriteArgv, MinimalWriteKeys, MinimalWriteScript
 from eventstore.boundary.contracts import Projection, ToolCall, ToolSpec
 from eventstore.wire.keys import Keys
-from eventstore.wire.scripts import AppendScript, CreateScript
+from eventstore.wire.scripts import (
+    AppendArgv,
+    AppendKeys,
+    AppendScript,
+    CreateArgv,
+    CreateKeys,
+    CreateScript,
+)
 from machine.codes import EvidenceStatus, Stage
 from machine.compact import STATUS_CODES, TYPE_CODES
 from machine.events import (
@@ -192,24 +199,28 @@ class FloorArgs:
         fields = self._create_pairs.copy()
         fields[self._run_at], fields[self._call_at] = run_id, tool_call_id
         keys, args = CreateScript.arguments(
-            record=k.record(run_id, tool_call_id),
-            stream=k.stream(run_id, tool_call_id),
-            feed=k.feed_of(run_id),
-            run=k.run(run_id),
-            control=k.control_of(run_id),
-            event_id=EVENT_ID,
-            event_hash=self._hashes[0],
-            event=self._encoded[0],
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            tool=TOOL,
-            invocation_id=invocation_id,
-            at_ms=self._at_ms,
-            ttl_ms=TTL_MS,
-            retention_ms=RETENTION_MS,
-            version=1,
-            prev_hash=GENESIS_HASH,
-            fields=fields,
+            CreateKeys(
+                record=k.record(run_id, tool_call_id),
+                stream=k.stream(run_id, tool_call_id),
+                feed=k.feed_of(run_id),
+                run=k.run(run_id),
+                control=k.control_of(run_id),
+            ),
+            CreateArgv(
+                event_id=EVENT_ID,
+                event_hash=self._hashes[0],
+                event=self._encoded[0],
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+                tool=TOOL,
+                invocation_id=invocation_id,
+                at_ms=self._at_ms,
+                ttl_ms=TTL_MS,
+                retention_ms=RETENTION_MS,
+                version=1,
+                prev_hash=GENESIS_HASH,
+            ),
+            group_args=fields,
         )
         return (len(keys), *keys, *args)
 
@@ -218,22 +229,26 @@ class FloorArgs:
         k = self._keys
         event = self._events[version - 1]
         keys, args = AppendScript.arguments(
-            record=k.record(run_id, tool_call_id),
-            stream=k.stream(run_id, tool_call_id),
-            feed=k.feed_of(run_id),
-            progress=k.progress(run_id),
-            run=k.run(run_id),
-            event_type=event_type(event),
-            version=version,
-            event_id=EVENT_ID,
-            prev_hash=self._hashes[version - 2],
-            event_hash=self._hashes[version - 1],
-            event=self._encoded[version - 1],
-            at_ms=self._at_ms,
-            retention_ms=RETENTION_MS,
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            fields=self._append_pairs[version - 2],
+            AppendKeys(
+                record=k.record(run_id, tool_call_id),
+                stream=k.stream(run_id, tool_call_id),
+                feed=k.feed_of(run_id),
+                progress=k.progress(run_id),
+                run=k.run(run_id),
+            ),
+            AppendArgv(
+                event_type=event_type(event),
+                version=version,
+                event_id=EVENT_ID,
+                prev_hash=self._hashes[version - 2],
+                event_hash=self._hashes[version - 1],
+                event=self._encoded[version - 1],
+                at_ms=self._at_ms,
+                retention_ms=RETENTION_MS,
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+            ),
+            group_args=self._append_pairs[version - 2],
         )
         return (len(keys), *keys, *args)
 
@@ -254,17 +269,21 @@ class FloorArgs:
             fields[run_at], fields[call_at] = run_id, tool_call_id
             fields[invocation_at] = invocation_id
         keys, args = MinimalWriteScript.arguments(
-            record=k.record(run_id, tool_call_id),
-            stream=k.stream(run_id, tool_call_id),
-            feed=k.feed_of(run_id),
-            event=self._encoded[version - 1],
-            expires_at_ms=self._expires_at_ms if version == 1 else None,
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            version=version,
-            type_code=type_code,
-            status_code=status_code,
-            fields=fields,
+            MinimalWriteKeys(
+                record=k.record(run_id, tool_call_id),
+                stream=k.stream(run_id, tool_call_id),
+                feed=k.feed_of(run_id),
+            ),
+            MinimalWriteArgv(
+                event=self._encoded[version - 1],
+                expires_at_ms=self._expires_at_ms if version == 1 else "",
+                run_id=run_id,
+                tool_call_id=tool_call_id,
+                version=version,
+                type_code=type_code,
+                status_code=status_code,
+            ),
+            group_args=fields,
         )
         return (len(keys), *keys, *args)
 

@@ -7,10 +7,12 @@ tables), so code shared by scripts is written once. Sources are read with
 by SHA and reloaded when the server answers NOSCRIPT (the batcher does the same).
 
 Each script has one typed wrapper, a :class:`LuaScript` subclass in the module that
-loads it. The wrapper declares the script's KEYS and ARGV in order as data
-(:class:`Layout`); its ``arguments`` function is the only code that puts values into
-those positions, and its call turns the reply into a typed value and refusals into
-typed exceptions. A test checks every script's header against its wrapper's layout.
+loads it. A script's KEYS and ARGV are declared once, in order, as two ``NamedTuple``
+classes (and one for each repeated group); the wrapper's :class:`Layout` is derived
+from them, and so is the packing: :meth:`LuaScript.arguments` lays the tuples' values
+out in their declared order, so no list of names or positions is written twice. The
+wrapper's call turns the reply into a typed value and refusals into typed exceptions. A
+test checks every script's header against its wrapper's layout.
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cache
 from importlib import resources
-from typing import Any, ClassVar, Final
+from typing import Any, ClassVar, Final, Generic, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 from redis.commands.core import AsyncScript
@@ -35,6 +37,35 @@ _INCLUDE: Final = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 ScriptCall = Callable[[AsyncScript, Sequence[KeyT], Iterable[EncodableT]], Awaitable[Any]]
 #: A script call's KEYS and ARGV, in the order of the script's header.
 KeysAndArgs = tuple[list[str], list[EncodableT]]
+#: The declaration of some of a script's positions: a ``NamedTuple`` class (its fields, in
+#: order, name the positions), or the names themselves.
+Declared = type[tuple[Any, ...]] | tuple[str, ...]
+#: A script's fixed KEYS and its fixed ARGV, each one ``NamedTuple`` declaring them.
+KeysT = TypeVar("KeysT", bound=tuple[Any, ...])
+ArgvT = TypeVar("ArgvT", bound=tuple[Any, ...])
+
+
+class Nothing(NamedTuple):
+    """The declaration of a script that has no fixed KEYS, or no fixed ARGV."""
+
+
+#: The one value of :class:`Nothing`.
+NOTHING: Final = Nothing()
+#: A repeated group of field/value pairs (a hash's fields), passed flat.
+FIELD_VALUE: Final = ("field", "value")
+
+
+def names(declared: Declared) -> tuple[str, ...]:
+    """The position names a declaration lists, in order."""
+    if isinstance(declared, tuple):
+        return declared
+    fields: tuple[str, ...] = getattr(declared, "_fields")  # noqa: B009 (a NamedTuple class)
+    return fields
+
+
+def flat(items: Iterable[Iterable[Any]]) -> list[Any]:
+    """The values of repeated groups, one group after another, as a script reads them."""
+    return [value for item in items for value in item]
 
 
 @dataclass(frozen=True, slots=True)
@@ -54,6 +85,23 @@ class Layout:
     argv: tuple[str, ...] = ()
     key_groups: tuple[tuple[str, ...], ...] = ()
     argv_groups: tuple[tuple[str, ...], ...] = ()
+
+    @classmethod
+    def of(
+        cls,
+        keys: Declared = Nothing,
+        argv: Declared = Nothing,
+        *,
+        key_groups: Sequence[Declared] = (),
+        argv_groups: Sequence[Declared] = (),
+    ) -> Layout:
+        """The layout that the declarations of a script's positions list, in order."""
+        return cls(
+            keys=names(keys),
+            argv=names(argv),
+            key_groups=tuple(names(group) for group in key_groups),
+            argv_groups=tuple(names(group) for group in argv_groups),
+        )
 
 
 @dataclass(frozen=True)
@@ -89,16 +137,31 @@ def _source(folder: ScriptFolder, name: str) -> str:
     return _INCLUDE.sub(lambda match: folder.part(match.group(1)), folder.part(name))
 
 
-class LuaScript:
+class LuaScript(Generic[KeysT, ArgvT]):
     """One script registered on one client, and the path its calls take.
 
-    Subclasses name their script (``name``), declare its layout (``layout``), provide a
-    static ``arguments(...)`` that builds KEYS and ARGV from typed parameters, and a
-    typed call.
+    Subclasses name their script (``name``), are parametrized by the ``NamedTuple``
+    classes declaring its fixed KEYS and ARGV, derive their ``layout`` from those
+    declarations (:meth:`Layout.of`) and provide a typed call.
     """
 
     name: ClassVar[str]
     layout: ClassVar[Layout]
+
+    @classmethod
+    def arguments(
+        cls,
+        keys: KeysT,
+        argv: ArgvT,
+        group_keys: Iterable[str] = (),
+        group_args: Iterable[EncodableT] = (),
+    ) -> KeysAndArgs:
+        """KEYS and ARGV of one call: the declared values in their declared order.
+
+        ``group_keys`` and ``group_args`` are the repeated groups' values, already in
+        order (:func:`flat` lays out a sequence of group tuples).
+        """
+        return [*keys, *group_keys], [*argv, *group_args]
 
     def __init__(self, client: Redis, folder: ScriptFolder, call: ScriptCall = call_script) -> None:
         self.script: AsyncScript = client.register_script(folder.source(self.name))

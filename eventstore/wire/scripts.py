@@ -1,19 +1,19 @@
 """The store's Lua scripts (``eventstore/scripts``), each wrapped in one typed class.
 
-A wrapper's ``layout`` is the script's KEYS and ARGV in order (checked against the
-script's header by a test), and its ``arguments`` the only code that fills them: the
-Writer, the run registry and the benchmark go through it. Replies come back typed;
+A script's KEYS and ARGV are declared once, in order, by two ``NamedTuple`` classes
+(``CreateKeys``, ``CreateArgv``, ...): the wrapper's ``layout`` is derived from them
+(and checked against the script's header by a test), and so is the packing of a call
+(:meth:`~eventstore.wire.lua.LuaScript.arguments`). The Writer, the run registry and the
+benchmark fill those tuples; nothing else lists the positions. Replies come back typed;
 refusals are raised as the exceptions of :mod:`eventstore.errors`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any, Final, NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
-from redis.typing import EncodableT
 
 from eventstore.errors import (
     DeadlinePassed,
@@ -24,7 +24,15 @@ from eventstore.errors import (
     store_error,
 )
 from eventstore.wire.batching import ScriptBatcher, call_script
-from eventstore.wire.lua import KeysAndArgs, Layout, LuaScript, ScriptCall, ScriptFolder
+from eventstore.wire.lua import (
+    FIELD_VALUE,
+    KeysAndArgs,
+    Layout,
+    LuaScript,
+    Nothing,
+    ScriptCall,
+    ScriptFolder,
+)
 from eventstore.wire.replies import reply_text
 from machine.codes import ErrorCode
 from machine.events import GENESIS_HASH
@@ -131,7 +139,7 @@ def committed(reply: Any) -> Committed:
     return Committed(int(reply[1]), reply_text(reply[2]), int(reply[3]))
 
 
-async def _commit(script: LuaScript, call: KeysAndArgs) -> Committed:
+async def _commit(script: LuaScript[Any, Any], call: KeysAndArgs) -> Committed:
     """Run a create or append script; its :class:`Committed`, or its refusal raised."""
     try:
         reply = await script._call(script.script, call[0], call[1])
@@ -140,72 +148,41 @@ async def _commit(script: LuaScript, call: KeysAndArgs) -> Committed:
     return committed(reply)
 
 
-class CreateScript(LuaScript):
+class CreateKeys(NamedTuple):
+    """``create.lua``'s KEYS, in order."""
+
+    record: str
+    stream: str
+    feed: str
+    run: str
+    control: str
+
+
+class CreateArgv(NamedTuple):
+    """``create.lua``'s fixed ARGV, in order (the record's field/value pairs follow)."""
+
+    event_id: str
+    event_hash: str
+    event: bytes
+    run_id: str
+    tool_call_id: str
+    tool: str
+    invocation_id: str
+    at_ms: int
+    ttl_ms: int
+    retention_ms: int
+    version: int
+    prev_hash: str
+
+
+class CreateScript(LuaScript[CreateKeys, CreateArgv]):
     """``create.lua``: create an invocation with its Preflighted event."""
 
     name = "create"
-    layout = Layout(
-        keys=("record", "stream", "feed", "run", "control"),
-        argv=(
-            "event_id",
-            "event_hash",
-            "event",
-            "run_id",
-            "tool_call_id",
-            "tool",
-            "invocation_id",
-            "at_ms",
-            "ttl_ms",
-            "retention_ms",
-            "version",
-            "prev_hash",
-        ),
-        argv_groups=(("field", "value"),),
-    )
-
-    @staticmethod
-    def arguments(
-        *,
-        record: str,
-        stream: str,
-        feed: str,
-        run: str,
-        control: str,
-        event_id: str,
-        event_hash: str,
-        event: bytes,
-        run_id: str,
-        tool_call_id: str,
-        tool: str,
-        invocation_id: str,
-        at_ms: int,
-        ttl_ms: int,
-        retention_ms: int,
-        version: int,
-        prev_hash: str,
-        fields: Sequence[EncodableT],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one call; ``fields`` are the record's field/value pairs."""
-        keys = [record, stream, feed, run, control]
-        args: list[EncodableT] = [
-            event_id,
-            event_hash,
-            event,
-            run_id,
-            tool_call_id,
-            tool,
-            invocation_id,
-            at_ms,
-            ttl_ms,
-            retention_ms,
-            version,
-            prev_hash,
-            *fields,
-        ]
-        return keys, args
+    layout = Layout.of(CreateKeys, CreateArgv, argv_groups=(FIELD_VALUE,))
 
     async def __call__(self, call: KeysAndArgs) -> Committed:
-        """Run the script with :meth:`arguments`' KEYS and ARGV.
+        """Run the script with KEYS and ARGV from :meth:`~LuaScript.arguments`.
 
         Raises:
             Refused: with a preflight code (RUN_INACTIVE, DUPLICATE_TOOL_CALL, budgets...)
@@ -216,66 +193,39 @@ class CreateScript(LuaScript):
         return await _commit(self, call)
 
 
-class AppendScript(LuaScript):
+class AppendKeys(NamedTuple):
+    """``append.lua``'s KEYS, in order."""
+
+    record: str
+    stream: str
+    feed: str
+    progress: str
+    run: str
+
+
+class AppendArgv(NamedTuple):
+    """``append.lua``'s fixed ARGV, in order (the record's field/value pairs follow)."""
+
+    event_type: str
+    version: int
+    event_id: str
+    prev_hash: str
+    event_hash: str
+    event: bytes
+    at_ms: int
+    retention_ms: int
+    run_id: str
+    tool_call_id: str
+
+
+class AppendScript(LuaScript[AppendKeys, AppendArgv]):
     """``append.lua``: append one event to an existing invocation and fold it in."""
 
     name = "append"
-    layout = Layout(
-        keys=("record", "stream", "feed", "progress", "run"),
-        argv=(
-            "event_type",
-            "version",
-            "event_id",
-            "prev_hash",
-            "event_hash",
-            "event",
-            "at_ms",
-            "retention_ms",
-            "run_id",
-            "tool_call_id",
-        ),
-        argv_groups=(("field", "value"),),
-    )
-
-    @staticmethod
-    def arguments(
-        *,
-        record: str,
-        stream: str,
-        feed: str,
-        progress: str,
-        run: str,
-        event_type: str,
-        version: int,
-        event_id: str,
-        prev_hash: str,
-        event_hash: str,
-        event: bytes,
-        at_ms: int,
-        retention_ms: int,
-        run_id: str,
-        tool_call_id: str,
-        fields: Sequence[EncodableT],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one call; ``fields`` are the record's field/value pairs."""
-        keys = [record, stream, feed, progress, run]
-        args: list[EncodableT] = [
-            event_type,
-            version,
-            event_id,
-            prev_hash,
-            event_hash,
-            event,
-            at_ms,
-            retention_ms,
-            run_id,
-            tool_call_id,
-            *fields,
-        ]
-        return keys, args
+    layout = Layout.of(AppendKeys, AppendArgv, argv_groups=(FIELD_VALUE,))
 
     async def __call__(self, call: KeysAndArgs) -> Committed:
-        """Run the script with :meth:`arguments`' KEYS and ARGV.
+        """Run the script with KEYS and ARGV from :meth:`~LuaScript.arguments`.
 
         Raises:
             RecordExpired: the record is gone; nothing was created.
@@ -287,40 +237,37 @@ class AppendScript(LuaScript):
         return await _commit(self, call)
 
 
-class OpenRunScript(LuaScript):
+class OpenRunKeys(NamedTuple):
+    """``open_run.lua``'s KEYS, in order."""
+
+    run: str
+    runs: str
+    control: str
+
+
+class OpenRunArgv(NamedTuple):
+    """``open_run.lua``'s fixed ARGV, in order (tool/budget pairs follow).
+
+    A budget is a count, or ``""`` for none (:func:`budget_argument`).
+    """
+
+    token_sha256: str
+    deadline_ms: int
+    ttl_ms: int
+    budget: int | str
+    run_id: str
+
+
+def budget_argument(budget: int | None) -> int | str:
+    """A budget as ``open_run.lua`` reads it: the count, or ``""`` for no budget."""
+    return "" if budget is None else budget
+
+
+class OpenRunScript(LuaScript[OpenRunKeys, OpenRunArgv]):
     """``open_run.lua``: register a run with its deadline, budgets and token hash."""
 
     name = "open_run"
-    layout = Layout(
-        keys=("run", "runs", "control"),
-        argv=("token_sha256", "deadline_ms", "ttl_ms", "budget", "run_id"),
-        argv_groups=(("tool", "tool_budget"),),
-    )
-
-    @staticmethod
-    def arguments(
-        *,
-        run: str,
-        runs: str,
-        control: str,
-        token_sha256: str,
-        deadline_ms: int,
-        ttl_ms: int,
-        budget: int | None,
-        run_id: str,
-        tools: Sequence[tuple[str, int | None]],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one call; a budget of None is sent as '' (none)."""
-        args: list[EncodableT] = [
-            token_sha256,
-            deadline_ms,
-            ttl_ms,
-            "" if budget is None else budget,
-            run_id,
-        ]
-        for tool, tool_budget in tools:
-            args += (tool, "" if tool_budget is None else tool_budget)
-        return [run, runs, control], args
+    layout = Layout.of(OpenRunKeys, OpenRunArgv, argv_groups=(("tool", "tool_budget"),))
 
     async def __call__(self, call: KeysAndArgs) -> int:
         """Run the script; return the run's absolute expiry (ms).
@@ -340,16 +287,17 @@ class OpenRunScript(LuaScript):
         return int(reply[1])
 
 
-class UpdateRunScript(LuaScript):
+class UpdateRunKeys(NamedTuple):
+    """``update_run.lua``'s KEYS (field/value pairs are its only ARGV)."""
+
+    run: str
+
+
+class UpdateRunScript(LuaScript[UpdateRunKeys, Nothing]):
     """``update_run.lua``: set fields of an existing run hash, never creating one."""
 
     name = "update_run"
-    layout = Layout(keys=("run",), argv_groups=(("field", "value"),))
-
-    @staticmethod
-    def arguments(*, run: str, fields: Sequence[EncodableT]) -> KeysAndArgs:
-        """KEYS and ARGV of one call; ``fields`` are field/value pairs."""
-        return [run], list(fields)
+    layout = Layout.of(UpdateRunKeys, argv_groups=(FIELD_VALUE,))
 
     async def __call__(self, call: KeysAndArgs) -> bool:
         """Run the script; False when the run does not exist (nothing was written).

@@ -36,7 +36,15 @@ from projections.receipts.snapshot import (
     receipt_of,
     receipt_snapshot_of,
 )
-from projections.scripts import ReadSnapshotsScript, ReceiptPut, ReceiptsPutScript, Unproduced
+from projections.scripts import (
+    ReadSnapshotsScript,
+    ReceiptArgs,
+    ReceiptKeys,
+    ReceiptPut,
+    ReceiptsPutScript,
+    SnapshotKeys,
+    Unproduced,
+)
 from projections.worker.runtime import Worker, WorkerOptions
 
 RECEIPT_PROJECTION: Final = "receipts"
@@ -89,18 +97,22 @@ class ReceiptProjection(BaseProjection):
                 continue
             receipts.append(
                 ReceiptPut(
-                    receipt_key=self.receipt_key(entry.run_id, entry.tool_call_id),
-                    record=self.store.keys.record(entry.run_id, entry.tool_call_id),
-                    shard=numbers[entry.shard],
-                    entry_id=entry.entry_id,
-                    version=snapshot.version,
-                    receipt=encode_receipt(receipt_of(self.store, snapshot)),
+                    ReceiptKeys(
+                        receipt=self.receipt_key(entry.run_id, entry.tool_call_id),
+                        record=self.store.keys.record(entry.run_id, entry.tool_call_id),
+                    ),
+                    ReceiptArgs(
+                        shard=numbers[entry.shard],
+                        entry_id=entry.entry_id,
+                        version=snapshot.version,
+                        receipt=encode_receipt(receipt_of(self.store, snapshot)),
+                    ),
                 )
             )
             built.append(entry)
         rest = settled_without_output(entries, {(e.shard, e.entry_id) for e in built}, expired)
         reply = await self.scripts.receipts_put(
-            ReceiptsPutScript.arguments(
+            ReceiptsPutScript.batch(
                 group=self.name,
                 now_ms=now_ms(),
                 shards=shards,
@@ -121,9 +133,11 @@ class ReceiptProjection(BaseProjection):
             return []
         keys = self.store.keys
         replies = await self.scripts.read_snapshots(
-            ReadSnapshotsScript.arguments(
+            ReadSnapshotsScript.reading(
                 invocations=[
-                    (keys.record(e.run_id, e.tool_call_id), keys.stream(e.run_id, e.tool_call_id))
+                    SnapshotKeys(
+                        keys.record(e.run_id, e.tool_call_id), keys.stream(e.run_id, e.tool_call_id)
+                    )
                     for e in entries
                 ],
                 fields=RECEIPT_FIELDS,

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
 import re
 from importlib import resources
-from typing import Any
+from typing import Any, get_args, get_origin
 
 import pytest
 
@@ -13,7 +12,17 @@ from canon.bench import minimal as bench_scripts
 from eventstore.wire import scripts as store_scripts
 from eventstore.wire.lua import Layout, LuaScript, ScriptFolder
 from projections import scripts as projection_scripts
-from projections.scripts import ReceiptPut, ShardKeys, Unproduced, ViewPut
+from projections.scripts import (
+    ReceiptArgs,
+    ReceiptKeys,
+    ReceiptPut,
+    ShardKeys,
+    SnapshotKeys,
+    Unproduced,
+    ViewArgs,
+    ViewKeys,
+    ViewPut,
+)
 
 FOLDERS: list[tuple[ScriptFolder, tuple[type[LuaScript], ...]]] = [
     (store_scripts.FOLDER, store_scripts.WRAPPERS),
@@ -27,39 +36,38 @@ _GROUP = re.compile(r"\b(KEYS|ARGV)\[([^\]\s]*\.\.[^\]\s]*)\]\s+\(([^)]*)\)\.\.\
 _INCLUDE = re.compile(r"^-- @include (\w+)$", re.MULTILINE)
 
 
-def _sample(kind: Any, names: str) -> Any:
-    """A ``kind`` tuple whose values are the header's names of the positions they fill."""
-    return kind(*names.split())
+def _named(kind: Any) -> Any:
+    """A ``kind`` tuple whose values are the names of the positions they fill."""
+    return kind(*kind._fields)
 
 
-_SETTLED = [_sample(Unproduced, "shard entry_id counter")]
-#: Values for the parameters that fill repeated groups: one group each, named as in the header.
-GROUP_SAMPLES: dict[str, dict[str, Any]] = {
-    "create": {"fields": ["field", "value"]},
-    "append": {"fields": ["field", "value"]},
-    "open_run": {"tools": [("tool", "tool_budget")]},
-    "update_run": {"fields": ["field", "value"]},
-    "minimal_write": {"fields": ["field", "value"]},
-    "dead_letter": {"fields": ["field", "value"]},
-    "read_snapshots": {"invocations": [("record", "stream")], "fields": ["field"]},
-    "receipts_put": {
-        "shards": [ShardKeys("position", "feed")],
-        "receipts": [_sample(ReceiptPut, "receipt record shard entry_id version receipt")],
-        "unproduced": _SETTLED,
-    },
-    "views_put": {
-        "shards": [ShardKeys("position", "feed")],
-        "views": [
-            _sample(
-                ViewPut,
-                "view run shard entry_id tool_call_id version status evidence_status "
-                "updated_at_ms facts covered",
-            )
-        ],
-        "unproduced": _SETTLED,
-    },
+def declared(wrapper: type[LuaScript[Any, Any]]) -> tuple[Any, Any]:
+    """The two classes a wrapper is parametrized with: its KEYS and its ARGV declarations."""
+    base = next(base for base in wrapper.__orig_bases__ if get_origin(base) is LuaScript)  # type: ignore[attr-defined]
+    keys, argv = get_args(base)
+    return keys, argv
+
+
+#: A batch of one item and one entry settled without output, each value named after its
+#: position, and what each batch script must be given for it.
+_BATCHES = {
+    "receipts_put": lambda script: script.batch(
+        "group",
+        "now_ms",
+        [_named(ShardKeys)],
+        [ReceiptPut(_named(ReceiptKeys), _named(ReceiptArgs))],
+        [_named(Unproduced)],
+    ),
+    "views_put": lambda script: script.batch(
+        "group",
+        "now_ms",
+        [_named(ShardKeys)],
+        [ViewPut(_named(ViewKeys), _named(ViewArgs))],
+        [_named(Unproduced)],
+    ),
+    "read_snapshots": lambda script: script.reading([_named(SnapshotKeys)], ["field"]),
 }
-#: Arguments a wrapper computes from its input (one shard, one item in the samples).
+#: Arguments a batch computes from its input (one shard, one item in the samples).
 COUNTS = {"shards": 1, "items": 1}
 
 
@@ -99,19 +107,28 @@ def test_header_lists_the_wrappers_keys_and_argv(
 
 
 @pytest.mark.parametrize(("folder", "wrapper"), WRAPPERS, ids=lambda w: getattr(w, "name", ""))
-def test_arguments_fill_keys_and_argv_in_layout_order(
-    folder: ScriptFolder, wrapper: type[LuaScript]
+def test_the_layout_is_derived_from_the_tuples_the_call_is_packed_from(
+    folder: ScriptFolder, wrapper: type[LuaScript[Any, Any]]
 ) -> None:
-    """Called with each value named after its position, ``arguments`` returns the layout."""
+    """The fixed KEYS and ARGV of the layout are the fields of the two ``NamedTuple``
+    classes the wrapper's ``arguments`` takes, and a call lays their values out in order."""
+    keys_kind, argv_kind = declared(wrapper)
+    assert wrapper.layout.keys == keys_kind._fields
+    assert wrapper.layout.argv == argv_kind._fields
+    keys, args = wrapper.arguments(_named(keys_kind), _named(argv_kind), ["k"], ["a"])
+    assert keys == [*wrapper.layout.keys, "k"]
+    assert args == [*wrapper.layout.argv, "a"]
+
+
+@pytest.mark.parametrize("name", sorted(_BATCHES))
+def test_a_batch_fills_its_groups_in_layout_order(name: str) -> None:
+    """A batch of one item, each value named after its position, is the header's order."""
+    wrapper = next(w for _, w in WRAPPERS if w.name == name)
+    keys, args = _BATCHES[name](wrapper)
     layout = wrapper.layout
-    samples = GROUP_SAMPLES.get(wrapper.name, {})
-    parameters = inspect.signature(wrapper.arguments).parameters  # type: ignore[attr-defined]
-    kwargs = {name: samples.get(name, name) for name in parameters}
-    keys, args = wrapper.arguments(**kwargs)  # type: ignore[attr-defined]
-    groups = [name for group in layout.key_groups for name in group]
-    assert keys == [*layout.keys, *groups]
-    argv = [COUNTS.get(name, name) for name in layout.argv]
-    assert args == [*argv, *(name for group in layout.argv_groups for name in group)]
+    assert keys == [*layout.keys, *(key for group in layout.key_groups for key in group)]
+    argv = [COUNTS.get(position, position) for position in layout.argv]
+    assert args == [*argv, *(arg for group in layout.argv_groups for arg in group)]
 
 
 def test_a_header_out_of_step_with_its_wrapper_is_caught() -> None:
