@@ -45,40 +45,42 @@ def add_connection_args(
     """Add ``--redis-url``, ``--cluster``, ``--namespace``, ``--shards``, ``--ttl-s``.
 
     With ``embedded``, also ``--data-dir``. Without ``writes`` (a read-only command, which
-    creates no record), no ``--ttl-s``.
+    creates no record), no ``--ttl-s``. They are listed under their own heading in the
+    command's help, after its own options, wherever the command adds them.
     """
-    parser.add_argument(
+    group = parser.add_argument_group("connection")
+    group.add_argument(
         "--redis-url",
         default=None,
         help="Redis URL (redis://, rediss:// or unix://); default: $REDIS_URL"
         + ("; without either, an embedded redis-server is started" if embedded else ""),
     )
-    parser.add_argument(
+    group.add_argument(
         "--cluster",
         action="store_true",
         default=cluster_from_env(),
         help="the URL names a node of a Redis Cluster (default: $REDIS_CLUSTER=1)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--namespace",
         default=os.environ.get("CANON_NAMESPACE", DEFAULT_NAMESPACE),
         help="key namespace (default: $CANON_NAMESPACE or %(default)s)",
     )
-    parser.add_argument(
+    group.add_argument(
         "--shards",
         type=positive,
         default=int(os.environ.get("CANON_SHARDS", DEFAULT_SHARDS)),
         help="shard count of the namespace (default: %(default)s)",
     )
     if writes:
-        parser.add_argument(
+        group.add_argument(
             "--ttl-s",
             type=positive,
             default=int(DEFAULT_TTL.total_seconds()),
             help="record TTL in seconds for new records (default: %(default)s)",
         )
     if embedded:
-        parser.add_argument(
+        group.add_argument(
             "--data-dir",
             type=pathlib.Path,
             default=pathlib.Path(".canon/data"),

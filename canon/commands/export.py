@@ -16,20 +16,19 @@ from typing import IO
 
 import msgspec
 
-from canon.commands.readonly import fail, run_read_only
-from canon.connection import add_connection_args
+from canon.commands.readonly import (
+    bad_ids,
+    fail,
+    read_only_command,
+    run_read_only,
+)
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import export_run
 from eventstore.store import Store
-from machine.ids import is_run_id
 
 
 def _handle(args: argparse.Namespace) -> int:
-    if not is_run_id(args.run_id):
-        fail(
-            "RUN_ID must be a safe id: 1-128 letters, digits, '.', '_' or '-', "
-            "not starting with '.'"
-        )
+    if bad_ids(args.run_id):
         return RET_USAGE
     output: pathlib.Path | None = args.output
 
@@ -57,7 +56,8 @@ def _handle(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``export`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = read_only_command(
+        subparsers,
         "export",
         help="write a run's records and events as JSON Lines for an auditor",
         description=(
@@ -68,6 +68,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "--with-payloads, as UTF-8 text or base64; without it, stored_payload_bytes "
             "gives their sizes. Read-only."
         ),
+        handler=_handle,
     )
     parser.add_argument("run_id", metavar="RUN_ID", help="the run to export")
     parser.add_argument(
@@ -82,5 +83,3 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="write to FILE instead of stdout",
     )
-    add_connection_args(parser, writes=False)
-    parser.set_defaults(handler=_handle)

@@ -18,8 +18,11 @@ from typing import Final
 
 import msgspec
 
-from canon.commands.readonly import fail, run_read_only
-from canon.connection import add_connection_args
+from canon.commands.readonly import (
+    fail,
+    read_only_command,
+    run_read_only,
+)
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.store import Store
 from machine.failure_detail import decode_failure_detail
@@ -96,10 +99,12 @@ def _handle(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``inspect`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = read_only_command(
+        subparsers,
         "inspect",
         help="print one invocation's read-only receipt (JSON)",
         description=__doc__,
+        handler=_handle,
     )
     parser.add_argument("invocation_id", metavar="INVOCATION_ID", help="64 lowercase hex")
     who = parser.add_mutually_exclusive_group()
@@ -110,5 +115,3 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         action="store_true",
         help="with --run-id: also print the failed call's harness-only failure detail",
     )
-    add_connection_args(parser, writes=False)
-    parser.set_defaults(handler=_handle)

@@ -15,11 +15,10 @@ import sys
 from contextlib import ExitStack
 from typing import Any
 
-import msgspec
 from rich.console import Console
 from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 
-from canon.commands.readonly import fail, stdout_console
+from canon.commands.readonly import fail, print_json, stdout_console
 from canon.connection import add_connection_args, open_store
 from canon.exitcodes import RET_OK, RET_PROBLEM
 from canon.service import add_logging_args, setup_logging
@@ -90,7 +89,7 @@ def _handle(args: argparse.Namespace) -> int:
         fail(str(exc))
         return RET_PROBLEM
     if args.json:
-        sys.stdout.write(msgspec.json.encode(report).decode() + "\n")
+        print_json(report)
     else:
         _print_report(stdout_console(), report)
     return RET_OK

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import argparse
-import sys
 from typing import Any, Final, NamedTuple
 
 import msgspec
@@ -12,13 +11,18 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from canon.commands.readonly import fail, run_read_only, stdout_console
-from canon.connection import add_connection_args
+from canon.commands.readonly import (
+    bad_ids,
+    fail,
+    print_json,
+    read_only_command,
+    run_read_only,
+    stdout_console,
+)
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import InvocationReplay, replay_invocation, replay_run
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
-from machine.ids import is_run_id, is_tool_call_id
 from projections.receipts.builder import iso_ms
 
 
@@ -217,17 +221,7 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
 
 
 def _handle(args: argparse.Namespace) -> int:
-    if not is_run_id(args.run_id):
-        fail(
-            "RUN_ID must be a safe id: 1-128 letters, digits, '.', '_' or '-', "
-            "not starting with '.'"
-        )
-        return RET_USAGE
-    if args.tool_call_id and not is_tool_call_id(args.tool_call_id):
-        fail(
-            "TOOL_CALL_ID must be a safe id: 1-512 UTF-8 bytes without whitespace "
-            "or control characters"
-        )
+    if bad_ids(args.run_id, args.tool_call_id or None):
         return RET_USAGE
 
     async def work(store: Store) -> int:
@@ -239,7 +233,7 @@ def _handle(args: argparse.Namespace) -> int:
         intact = bool(replays) and all(replay.verdict.intact for replay in replays)
         if args.json:
             document = {"run_id": args.run_id, "intact": intact, "invocations": replays}
-            sys.stdout.write(msgspec.json.encode(document).decode() + "\n")
+            print_json(document)
         else:
             console = stdout_console()
             for replay in replays:
@@ -256,7 +250,8 @@ def _handle(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``replay`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = read_only_command(
+        subparsers,
         "replay",
         help="re-fold a run's invocations from their journals and judge their records",
         description=(
@@ -269,11 +264,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Exit 0 when intact, 1 when not (or nothing found), 2 on usage errors, 3 when "
             "Redis is unavailable."
         ),
+        handler=_handle,
     )
     parser.add_argument("run_id", metavar="RUN_ID", help="the run to replay")
     parser.add_argument(
         "tool_call_id", metavar="TOOL_CALL_ID", nargs="?", help="replay only this call"
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
-    add_connection_args(parser, writes=False)
-    parser.set_defaults(handler=_handle)

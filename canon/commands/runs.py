@@ -9,15 +9,17 @@ page. Read-only. Exit 0, 2 on usage errors, 3 when Redis is unavailable.
 from __future__ import annotations
 
 import argparse
-import sys
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
 from canon.argtypes import bounded
-from canon.commands.readonly import run_read_only, stdout_console
-from canon.connection import add_connection_args
+from canon.commands.readonly import (
+    print_json,
+    read_only_command,
+    run_read_only,
+    stdout_console,
+)
 from canon.exitcodes import RET_OK
 from eventstore.audit.run_index import MAX_LIMIT, RunPage, list_runs, parse_cursor
 from eventstore.errors import InvalidArgument
@@ -68,7 +70,7 @@ def _handle(args: argparse.Namespace) -> int:
     async def work(store: Store) -> int:
         page = await list_runs(store, limit=args.limit, cursor=args.cursor)
         if args.json:
-            sys.stdout.write(msgspec.json.encode(page).decode() + "\n")
+            print_json(page)
         else:
             print_runs(stdout_console(), page, store.keys.namespace)
         return RET_OK
@@ -78,10 +80,12 @@ def _handle(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``runs`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = read_only_command(
+        subparsers,
         "runs",
         help="list recent runs: status, calls by outcome, budget, deadline",
         description=__doc__,
+        handler=_handle,
     )
     parser.add_argument(
         "--limit",
@@ -93,5 +97,3 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "--cursor", type=_cursor, default=None, help="where a page starts (a page's last line)"
     )
     parser.add_argument("--json", action="store_true", help="the page as one JSON document")
-    add_connection_args(parser, writes=False)
-    parser.set_defaults(handler=_handle)

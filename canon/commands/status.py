@@ -10,14 +10,17 @@ Read-only.
 from __future__ import annotations
 
 import argparse
-import sys
 
-import msgspec
 from rich.console import Console
 from rich.table import Table
 
-from canon.commands.readonly import fail, run_read_only, stdout_console
-from canon.connection import add_connection_args
+from canon.commands.readonly import (
+    print_json,
+    read_only_command,
+    refuse_cluster,
+    run_read_only,
+    stdout_console,
+)
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import NamespaceStatus, namespace_status
 from eventstore.store import Store
@@ -54,15 +57,11 @@ def print_status(console: Console, status: NamespaceStatus) -> None:
 
 def _handle(args: argparse.Namespace) -> int:
     async def work(store: Store) -> int:
-        if store.cluster is not None:
-            fail(
-                "status scans one server: run it against each primary's URL without "
-                "--cluster (with --shards)"
-            )
+        if refuse_cluster(store, "status"):
             return RET_USAGE
         status = await namespace_status(store)
         if args.json:
-            sys.stdout.write(msgspec.json.encode(status).decode() + "\n")
+            print_json(status)
         else:
             print_status(stdout_console(), status)
         return RET_PROBLEM if status.warnings and args.strict else RET_OK
@@ -72,7 +71,8 @@ def _handle(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``status`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = read_only_command(
+        subparsers,
         "status",
         help="namespace health: records, feeds, lag, dead letters, memory, settings",
         description=(
@@ -82,10 +82,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "Exit 0 when it could report (warnings or not), 1 with warnings under --strict, "
             "2 usage, 3 Redis unavailable."
         ),
+        handler=_handle,
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
     parser.add_argument(
         "--strict", action="store_true", help="exit 1 when there is any warning (for checks)"
     )
-    add_connection_args(parser, writes=False)
-    parser.set_defaults(handler=_handle)

@@ -20,8 +20,13 @@ from rich.progress import Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from canon.argtypes import positive, scan_cursor
-from canon.commands.readonly import fail, run_read_only, stdout_console
-from canon.connection import add_connection_args
+from canon.commands.readonly import (
+    print_json,
+    read_only_command,
+    refuse_cluster,
+    run_read_only,
+    stdout_console,
+)
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import NamespaceVerifier, VerifyProblem, VerifySummary
 from eventstore.audit.verify import DEFAULT_BATCH
@@ -81,7 +86,7 @@ def _handle(args: argparse.Namespace) -> int:
     def on_problem(problem: VerifyProblem) -> None:
         if args.json:
             line = {"kind": "problem", **msgspec.structs.asdict(problem)}
-            sys.stdout.write(msgspec.json.encode(line).decode() + "\n")
+            print_json(line)
         else:
             console.print(
                 f"PROBLEM {problem.invocation_id or '-'} "
@@ -90,11 +95,7 @@ def _handle(args: argparse.Namespace) -> int:
             )
 
     async def work(store: Store) -> int:
-        if store.cluster is not None:
-            fail(
-                "verify scans one server: run it against each primary's URL without "
-                "--cluster (with --shards)"
-            )
+        if refuse_cluster(store, "verify"):
             return RET_USAGE
         show = not args.no_progress and sys.stderr.isatty()
         with ExitStack() as stack:
@@ -137,7 +138,7 @@ def _handle(args: argparse.Namespace) -> int:
                 raise
         if args.json:
             line = {"kind": "summary", **msgspec.structs.asdict(summary)}
-            sys.stdout.write(msgspec.json.encode(line).decode() + "\n")
+            print_json(line)
         else:
             _print_summary(console, summary, args.cursor, store.keys.namespace)
         return exit_code(summary, args.cursor)
@@ -150,7 +151,8 @@ def _handle(args: argparse.Namespace) -> int:
 
 def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
     """Add the ``verify`` subcommand."""
-    parser = subparsers.add_parser(
+    parser = read_only_command(
+        subparsers,
         "verify",
         help="check every record of a namespace against its journal",
         description=(
@@ -162,6 +164,7 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "checked from --cursor, 2 usage, 3 Redis unavailable. With --json: one JSON "
             "line per problem, then a summary line."
         ),
+        handler=_handle,
     )
     parser.add_argument("--cursor", type=scan_cursor, default=0, help="SCAN cursor to resume from")
     parser.add_argument(
@@ -178,5 +181,3 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--json", action="store_true", help="JSON Lines on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
-    add_connection_args(parser, writes=False)
-    parser.set_defaults(handler=_handle)
