@@ -135,7 +135,7 @@ class ProgressProjection(BaseProjection):
                 group=self.name,
                 now_ms=now_ms(),
                 shards=shards,
-                views=views,
+                puts=views,
                 unproduced=[Unproduced(numbers[e.shard], e.entry_id, c.value) for e, c in rest],
             )
         )

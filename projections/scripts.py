@@ -12,7 +12,7 @@ header by a test), and so is the packing of a call.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Generic, NamedTuple, TypeVar
 
 from redis.asyncio import Redis
 
@@ -132,23 +132,42 @@ def _batch_reply(reply: Any, items: int) -> BatchReply:
 _ITEMS: Final = BatchArgv._fields.index("items")
 
 
-def _batch(
-    group: str,
-    now_ms: int,
-    shards: Sequence[ShardKeys],
-    puts: Sequence[ReceiptPut] | Sequence[ViewPut],
-    unproduced: Sequence[Unproduced],
-) -> KeysAndArgs:
-    """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
-    return LuaScript.arguments(
-        NOTHING,
-        BatchArgv(group, now_ms, len(shards), len(puts)),
-        group_keys=[*flat(shards), *flat(put.keys for put in puts)],
-        group_args=[*flat(put.args for put in puts), *flat(unproduced)],
-    )
+#: One item of a batch: a receipt or a view item, each with its keys and its arguments.
+PutT = TypeVar("PutT", ReceiptPut, ViewPut)
 
 
-class ReceiptsPutScript(LuaScript[Nothing, BatchArgv]):
+class _BatchScript(LuaScript[Nothing, BatchArgv], Generic[PutT]):
+    """A batch script: stores items version-guarded and settles the batch's entries."""
+
+    @staticmethod
+    def batch(
+        group: str,
+        now_ms: int,
+        shards: Sequence[ShardKeys],
+        puts: Sequence[PutT],
+        unproduced: Sequence[Unproduced],
+    ) -> KeysAndArgs:
+        """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
+        return LuaScript.arguments(
+            NOTHING,
+            BatchArgv(group, now_ms, len(shards), len(puts)),
+            group_keys=[*flat(shards), *flat(put.keys for put in puts)],
+            group_args=[*flat(put.args for put in puts), *flat(unproduced)],
+        )
+
+    async def __call__(self, call: KeysAndArgs) -> BatchReply:
+        """Run the batch; one outcome per item, then per entry settled without output.
+
+        Raises:
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        async with redis_errors():
+            reply = await self._call(self.script, call[0], call[1])
+        return _batch_reply(reply, int(call[1][_ITEMS]))
+
+
+class ReceiptsPutScript(_BatchScript[ReceiptPut]):
     """``receipts_put.lua``: store receipts version-guarded and settle a batch of entries."""
 
     name = "receipts_put"
@@ -158,30 +177,8 @@ class ReceiptsPutScript(LuaScript[Nothing, BatchArgv]):
         argv_groups=(ReceiptArgs, Unproduced),
     )
 
-    @staticmethod
-    def batch(
-        group: str,
-        now_ms: int,
-        shards: Sequence[ShardKeys],
-        receipts: Sequence[ReceiptPut],
-        unproduced: Sequence[Unproduced],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
-        return _batch(group, now_ms, shards, receipts, unproduced)
 
-    async def __call__(self, call: KeysAndArgs) -> BatchReply:
-        """Run the batch; one outcome per receipt, then per unproduced entry.
-
-        Raises:
-            StoreUnavailable: Redis failed or timed out.
-
-        """
-        async with redis_errors():
-            reply = await self._call(self.script, call[0], call[1])
-        return _batch_reply(reply, int(call[1][_ITEMS]))
-
-
-class ViewsPutScript(LuaScript[Nothing, BatchArgv]):
+class ViewsPutScript(_BatchScript[ViewPut]):
     """``views_put.lua``: fold invocations' statuses into their runs' views, settling entries."""
 
     name = "views_put"
@@ -190,28 +187,6 @@ class ViewsPutScript(LuaScript[Nothing, BatchArgv]):
         key_groups=(ShardKeys, ViewKeys),
         argv_groups=(ViewArgs, Unproduced),
     )
-
-    @staticmethod
-    def batch(
-        group: str,
-        now_ms: int,
-        shards: Sequence[ShardKeys],
-        views: Sequence[ViewPut],
-        unproduced: Sequence[Unproduced],
-    ) -> KeysAndArgs:
-        """KEYS and ARGV of one batch; an item names its shard by its number in ``shards``."""
-        return _batch(group, now_ms, shards, views, unproduced)
-
-    async def __call__(self, call: KeysAndArgs) -> BatchReply:
-        """Run the batch; one outcome per view item, then per unproduced entry.
-
-        Raises:
-            StoreUnavailable: Redis failed or timed out.
-
-        """
-        async with redis_errors():
-            reply = await self._call(self.script, call[0], call[1])
-        return _batch_reply(reply, int(call[1][_ITEMS]))
 
 
 class SnapshotKeys(NamedTuple):

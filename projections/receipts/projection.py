@@ -116,7 +116,7 @@ class ReceiptProjection(BaseProjection):
                 group=self.name,
                 now_ms=now_ms(),
                 shards=shards,
-                receipts=receipts,
+                puts=receipts,
                 unproduced=[Unproduced(numbers[e.shard], e.entry_id, c.value) for e, c in rest],
             )
         )

@@ -43,8 +43,8 @@ def _named(kind: Any) -> Any:
 
 def declared(wrapper: type[LuaScript[Any, Any]]) -> tuple[Any, Any]:
     """The two classes a wrapper is parametrized with: its KEYS and its ARGV declarations."""
-    base = next(base for base in wrapper.__orig_bases__ if get_origin(base) is LuaScript)  # type: ignore[attr-defined]
-    keys, argv = get_args(base)
+    bases = [base for kind in wrapper.__mro__ for base in getattr(kind, "__orig_bases__", ())]
+    keys, argv = get_args(next(base for base in bases if get_origin(base) is LuaScript))
     return keys, argv
 
 
