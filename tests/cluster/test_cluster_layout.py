@@ -24,6 +24,9 @@ from tests.conftest import embedded_binary
 from tests.support.calls import envelope, open_run, outcome
 from tests.support.tools import FakeTool
 
+#: Cluster-only: the store fixtures (``store``, ``make_store``, ``redis``) are the cluster's.
+pytestmark = pytest.mark.backends("cluster")
+
 
 def run_keys(store: Store, run_id: str, tool_call_id: str) -> list[str]:
     """Every key the store may write for one run and one of its calls."""

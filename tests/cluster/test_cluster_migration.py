@@ -27,6 +27,9 @@ from tests.helpers import record_fields, wait_until
 from tests.support.calls import envelope, outcome
 from tests.support.tools import FakeTool
 
+#: Cluster-only: the store fixtures (``store``, ``make_store``, ``redis``) are the cluster's.
+pytestmark = pytest.mark.backends("cluster")
+
 RUNS = 4
 LANES = 3
 PREFILL = 6

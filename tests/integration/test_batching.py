@@ -1,4 +1,9 @@
-"""Auto-pipelining: concurrent script calls share round trips, each caller gets its own reply."""
+"""Auto-pipelining: concurrent script calls share round trips, each caller gets its own reply.
+
+On the cluster only the tests that hold for any client run: a cluster client is not
+batched (a cluster pipeline splits by node), so there they show that the same concurrent
+calls, sent one by one, keep each invocation's event order and refuse only the duplicate.
+"""
 
 from __future__ import annotations
 
@@ -22,6 +27,11 @@ from eventstore.wire.exchange import send_batch
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields, wait_until
+
+pytestmark = pytest.mark.backends("single", "cluster")
+
+_NOT_BATCHED = "asserts pipelines and round trips; a cluster client is not batched"
+_OWN_SERVER = "runs a single server of its own (script flush, killed connections, shutdown)"
 
 PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"
 INCR = "return redis.call('INCR', KEYS[1])"
@@ -58,6 +68,7 @@ async def private_store(private_server: EmbeddedRedis) -> AsyncIterator[Store]:
         yield store
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 async def test_concurrent_appends_share_round_trips(store: Store, redis: Redis) -> None:
     """64 concurrent lifecycles need far fewer round trips than script calls, each run once."""
     run_id = await _open(store)
@@ -87,6 +98,7 @@ async def test_each_invocation_keeps_its_event_order(store: Store, redis: Redis)
     assert seen == {call.encode(): [1, 2, 3] for call in calls}
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 async def test_a_batch_runs_in_call_order(redis: Redis, namespace: str) -> None:
     """Calls made in one event-loop turn are executed in the order they were made."""
     batcher = ScriptBatcher(redis, max_batch=64)
@@ -99,6 +111,7 @@ async def test_a_batch_runs_in_call_order(redis: Redis, namespace: str) -> None:
     await redis.delete(key)
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 async def test_a_large_turn_is_split_into_pipelines_of_max_batch(
     redis: Redis, namespace: str
 ) -> None:
@@ -114,6 +127,7 @@ async def test_a_large_turn_is_split_into_pipelines_of_max_batch(
     await redis.delete(key)
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 @pytest.mark.parametrize(("callers", "first"), [(8, 8), (16, 4), (24, 6), (32, 8), (64, 8)])
 async def test_by_default_pipelines_are_sized_by_the_calls_outstanding(
     redis: Redis, namespace: str, monkeypatch: pytest.MonkeyPatch, callers: int, first: int
@@ -144,6 +158,7 @@ async def test_by_default_pipelines_are_sized_by_the_calls_outstanding(
     await redis.delete(key)
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 async def test_at_most_max_lanes_pipelines_are_in_flight_each_on_one_connection(
     redis_url: str, namespace: str
 ) -> None:
@@ -171,6 +186,7 @@ async def test_at_most_max_lanes_pipelines_are_in_flight_each_on_one_connection(
         await client.delete(key)
 
 
+@pytest.mark.not_on_cluster("builds batchers only, touching no server; it already runs once")
 def test_lanes_and_batches_must_be_at_least_one() -> None:
     """A batcher that could never send anything is refused when it is built."""
     client = Redis()
@@ -179,6 +195,7 @@ def test_lanes_and_batches_must_be_at_least_one() -> None:
             ScriptBatcher(client, **options)
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 async def test_a_failing_command_does_not_fail_its_neighbours(redis: Redis, namespace: str) -> None:
     """A script error reaches only its own caller; the rest of its pipeline succeeds."""
     batcher = ScriptBatcher(redis)
@@ -226,6 +243,9 @@ async def spawn() -> AsyncIterator[Callable[[Coroutine[Any, Any, Any]], asyncio.
     await asyncio.gather(*tasks, return_exceptions=True)
 
 
+@pytest.mark.not_on_cluster(
+    "cancels a call queued for the next flush; an unbatched call has no queue"
+)
 async def test_a_caller_cancelled_before_the_flush_is_never_sent(
     redis: Redis, namespace: str, spawn: Any
 ) -> None:
@@ -245,6 +265,9 @@ async def test_a_caller_cancelled_before_the_flush_is_never_sent(
     await redis.delete(key)
 
 
+@pytest.mark.not_on_cluster(
+    "cancels a caller of a pipeline on the wire; an unbatched call has no pipeline"
+)
 async def test_a_caller_cancelled_in_flight_leaves_the_others_answered(
     redis: Redis, namespace: str, spawn: Any
 ) -> None:
@@ -266,6 +289,7 @@ async def test_a_caller_cancelled_in_flight_leaves_the_others_answered(
     await redis.delete(key)
 
 
+@pytest.mark.not_on_cluster(_OWN_SERVER)
 async def test_noscript_after_script_flush_is_recovered_inside_a_batch(
     private_store: Store,
 ) -> None:
@@ -286,6 +310,7 @@ async def test_noscript_after_script_flush_is_recovered_inside_a_batch(
         assert record is not None and record.state.version == 1
 
 
+@pytest.mark.not_on_cluster(_OWN_SERVER)
 async def test_killed_connections_are_retried_without_double_writes(
     private_store: Store, private_server: EmbeddedRedis
 ) -> None:
@@ -334,6 +359,7 @@ class _CountingSelector(selectors.DefaultSelector):
         return super().select(timeout)
 
 
+@pytest.mark.not_on_cluster(_NOT_BATCHED)
 def test_a_lone_call_with_nothing_else_to_run_costs_no_extra_turn_of_the_loop(
     redis_url: str, namespace: str
 ) -> None:
@@ -364,6 +390,7 @@ def test_a_lone_call_with_nothing_else_to_run_costs_no_extra_turn_of_the_loop(
         loop.close()
 
 
+@pytest.mark.not_on_cluster(_OWN_SERVER)
 async def test_an_unreachable_server_fails_every_caller_of_the_batch(
     private_server: EmbeddedRedis,
 ) -> None:
@@ -396,6 +423,7 @@ async def test_a_lone_call_to_a_gone_server_is_tried_as_often_as_the_client_retr
         assert (stats.round_trips - round_trips, stats.resends - resends) == (4, 3)
 
 
+@pytest.mark.not_on_cluster(_OWN_SERVER)
 async def test_a_stalled_server_times_out_the_batch_and_every_caller_hears_it(
     private_server: EmbeddedRedis,
 ) -> None:
@@ -425,6 +453,7 @@ async def test_a_stalled_server_times_out_the_batch_and_every_caller_hears_it(
             assert len(await store.events(run_id, f"call-{i}")) <= 1
 
 
+@pytest.mark.not_on_cluster(_OWN_SERVER)
 async def test_a_short_stall_is_ridden_out_by_the_retries(private_server: EmbeddedRedis) -> None:
     """A stall shorter than the retries last: the timed-out batch is sent again and every
     event applies exactly once."""
@@ -442,6 +471,7 @@ async def test_a_short_stall_is_ridden_out_by_the_retries(private_server: Embedd
             assert len(await store.events(run_id, f"call-{i}")) == 3
 
 
+@pytest.mark.not_on_cluster(_OWN_SERVER)
 async def test_connections_kept_under_load_go_back_to_the_pool_when_it_ends(
     private_server: EmbeddedRedis,
 ) -> None:
@@ -518,6 +548,9 @@ async def test_a_small_pool_keeps_a_full_set_of_connections_for_the_rest_of_the_
             await pool.release(connection)
 
 
+@pytest.mark.not_on_cluster(
+    "touches no server (an unconnected cluster client); it already runs once"
+)
 def test_a_cluster_client_is_not_batched() -> None:
     """A cluster client's calls go out one by one (cluster pipelines split by node)."""
     client = RedisCluster(host="127.0.0.1", port=1)

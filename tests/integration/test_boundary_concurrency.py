@@ -17,6 +17,8 @@ from tests.conftest import SpawnModule
 from tests.support.calls import RUN, TOOL, envelope, open_run, outcome
 from tests.support.tools import namespace_keys
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 
 class CountingTool:
     """An async tool that yields inside the executor so concurrent calls interleave."""
@@ -65,6 +67,9 @@ async def fire(boundaries: list[ToolBoundary], calls: int, tool: str = TOOL) -> 
     return [outcome(reply) for reply in replies]
 
 
+@pytest.mark.not_on_cluster(
+    "asserts two single-server connection pools; test_cluster_layout has the cluster version"
+)
 async def test_tool_budget_holds_under_200_concurrent_calls_from_two_clients(
     make_store: Any, redis: Redis, namespace: str
 ):
@@ -83,6 +88,9 @@ async def test_tool_budget_holds_under_200_concurrent_calls_from_two_clients(
     assert await record_count(redis, namespace) == 30
 
 
+@pytest.mark.not_on_cluster(
+    "asserts two single-server connection pools; test_cluster_layout has the cluster version"
+)
 async def test_run_budget_holds_under_200_concurrent_calls_from_two_clients(
     make_store: Any, redis: Redis, namespace: str
 ):
@@ -112,6 +120,7 @@ async def test_run_budget_holds_under_200_concurrent_calls_from_two_clients(
     assert await record_count(redis, namespace) == 50
 
 
+@pytest.mark.not_on_cluster("asserts two single-server connection pools")
 async def test_run_budget_binds_before_a_larger_tool_budget(
     make_store: Any, redis: Redis, namespace: str
 ):

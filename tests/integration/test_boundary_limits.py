@@ -12,6 +12,8 @@ from machine.codes import ErrorCode, EvidenceStatus, Status
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 #: One character of each UTF-8 width.
 WIDE = {"2-byte": "é", "3-byte": "€", "4-byte": "🚀"}
 widths = pytest.mark.parametrize("char", list(WIDE.values()), ids=list(WIDE))

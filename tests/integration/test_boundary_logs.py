@@ -20,6 +20,8 @@ from machine.ids import invocation_id
 from tests.support.calls import RUN, TOOL, outcome
 from tests.support.tools import FakeTool
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 #: Recognisable secret markers, one per place a secret can hide.
 REQUEST = "SECRET-REQUEST-d41c"
 RAW = "SECRET-RAW-9be2"
@@ -242,6 +244,9 @@ async def private_store(private_server: EmbeddedRedis, namespace: str) -> AsyncI
         await store.aclose()
 
 
+@pytest.mark.not_on_cluster(
+    "stops a single server of its own (server_binary); not a cluster scenario"
+)
 async def test_store_outage_logs_safely(
     private_store: Store, private_server: EmbeddedRedis, namespace: str
 ):

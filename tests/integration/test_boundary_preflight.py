@@ -25,6 +25,8 @@ from tests.support.calls import (
 )
 from tests.support.tools import FakeTool
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 
 def nested(levels: int) -> dict[str, Any]:
     """An object with ``levels`` levels of objects (the outer one is level 1)."""

@@ -8,6 +8,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary
@@ -24,6 +25,8 @@ from tests.support.calls import (
 )
 from tests.support.tools import FakeTool, namespace_keys
 from tests.support.waiting import wait_for
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 
 async def test_run_never_opened_is_inactive(store: Store, redis: Redis, namespace: str):

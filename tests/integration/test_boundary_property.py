@@ -31,6 +31,8 @@ from machine.results import encode_raw
 from tests.conftest import RedisServer
 from tests.support.tools import namespace_keys
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-p"
 TOOL = "probe"
 LIMITS = Limits(

@@ -29,6 +29,8 @@ from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run
 from tests.support.tools import FakeTool
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 EXPIRY_COMMANDS = ("expire", "pexpire", "expireat", "pexpireat", "persist", "getex")
 
 

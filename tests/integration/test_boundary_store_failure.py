@@ -1,5 +1,10 @@
 """Redis down, paused, killed or failing: the agent gets STORE_UNAVAILABLE in bounded time,
-never a hang or an exception, and the boundary recovers by itself once Redis is back."""
+never a hang or an exception, and the boundary recovers by itself once Redis is back.
+
+Each test breaks a private server of each supported version; on the cluster, the pausing
+and starving tests pause (``CLIENT PAUSE``) or starve (``CONFIG SET maxmemory``) every
+master of the session cluster at once, and ``own_store`` is a cluster store.
+"""
 
 from __future__ import annotations
 
@@ -16,8 +21,11 @@ from redis.asyncio import Redis
 from eventstore import RunContext, Store, ToolBoundary, ToolCall
 from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from machine.codes import ErrorCode, Status
+from tests.cluster.harness import LocalCluster
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 #: Per-command timeout of the stores under test; the boundary allows twice this per write.
 TIMEOUT_S = 0.3
@@ -28,9 +36,15 @@ PAUSE_MS = 3000
 
 
 @pytest.fixture
-def server(server_binary: ServerBinary) -> Iterator[EmbeddedRedis]:
-    """A private Redis of each supported version that survives SIGKILL (AOF, fsync always)."""
-    embedded = EmbeddedRedis(server_binary, appendonly=True, appendfsync="always")
+def server(
+    binary_or_cluster: ServerBinary | LocalCluster,
+) -> Iterator[EmbeddedRedis | LocalCluster]:
+    """A private Redis of each supported version that survives SIGKILL (AOF, fsync always);
+    on the cluster, the session cluster, which only the root fixture stops."""
+    if isinstance(binary_or_cluster, LocalCluster):
+        yield binary_or_cluster
+        return
+    embedded = EmbeddedRedis(binary_or_cluster, appendonly=True, appendfsync="always")
     embedded.start()
     try:
         yield embedded
@@ -38,20 +52,42 @@ def server(server_binary: ServerBinary) -> Iterator[EmbeddedRedis]:
         embedded.stop()
 
 
+class EveryMaster:
+    """The admin commands the module's tests use, sent to every master at once."""
+
+    def __init__(self, clients: list[Redis]) -> None:
+        self._clients = clients
+
+    async def execute_command(self, *args: Any) -> list[Any]:
+        """Run one command on every master; return their replies."""
+        return await asyncio.gather(*(c.execute_command(*args) for c in self._clients))  # type: ignore[no-untyped-call]
+
+    async def config_set(self, name: str, value: Any) -> list[Any]:
+        """``CONFIG SET`` on every master."""
+        return await asyncio.gather(*(c.config_set(name, value) for c in self._clients))
+
+
 @pytest.fixture
-async def admin(server: EmbeddedRedis) -> AsyncIterator[Redis]:
-    """A plain client of the private server, for pausing and configuring it."""
-    client = Redis.from_url(server.url)
+async def admin(server: EmbeddedRedis | LocalCluster) -> AsyncIterator[EveryMaster]:
+    """Plain clients of every master (the private server, or each master of the cluster),
+    for pausing and configuring them all."""
+    if isinstance(server, LocalCluster):
+        clients = [node.client() for node in server.nodes]
+    else:
+        clients = [Redis.from_url(server.url)]
     try:
-        yield client
+        yield EveryMaster(clients)
     finally:
-        await client.aclose()
+        for client in clients:
+            await client.aclose()
 
 
 @pytest.fixture
-async def own_store(server: EmbeddedRedis, namespace: str) -> AsyncIterator[Store]:
-    """A store with a short command timeout on the private server, with the run opened."""
-    store = Store.from_url(server.url, namespace=namespace, timeout_s=TIMEOUT_S)
+async def own_store(server: EmbeddedRedis | LocalCluster, namespace: str) -> AsyncIterator[Store]:
+    """A store with a short command timeout on the server (a cluster store on the cluster),
+    with the run opened."""
+    url = f"{server.url}?cluster=1" if isinstance(server, LocalCluster) else server.url
+    store = Store.from_url(url, namespace=namespace, timeout_s=TIMEOUT_S)
     try:
         await open_run(store)
         yield store
@@ -81,6 +117,10 @@ def boundary_with(store: Store, tool: FakeTool, **replaced: Any) -> ToolBoundary
     return ToolBoundary(store, {TOOL: msgspec.structs.replace(tool.spec(), **replaced)})
 
 
+@pytest.mark.not_on_cluster(
+    "stops its server and starts it again; a master down is a failover scenario "
+    "(cluster_state:fail without replicas), not one for the shared session cluster"
+)
 async def test_redis_down_before_the_call(own_store: Store, server: EmbeddedRedis, namespace: str):
     """With the server stopped, a call answers STORE_UNAVAILABLE within the bound and runs
     nothing; after a restart the same boundary serves calls again."""
@@ -96,6 +136,9 @@ async def test_redis_down_before_the_call(own_store: Store, server: EmbeddedRedi
     assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
 
 
+@pytest.mark.not_on_cluster(
+    "connects to a port nothing listens on, the same with or without a cluster"
+)
 async def test_unreachable_store_answers_quickly(namespace: str):
     """A store whose address nothing listens on answers STORE_UNAVAILABLE within the bound."""
     with socket.socket() as probe:
@@ -112,18 +155,18 @@ async def test_unreachable_store_answers_quickly(namespace: str):
     assert elapsed < BOUND_S and tool.executed == 0
 
 
-async def pause(admin: Redis) -> None:
-    """Pause every client of the server for PAUSE_MS."""
+async def pause(admin: EveryMaster) -> None:
+    """Pause every client of the server (of every master) for PAUSE_MS."""
     await admin.execute_command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
 
 
-async def pause_over(admin: Redis) -> None:
+async def pause_over(admin: EveryMaster) -> None:
     """Return once the pause has ended: a pause ALL holds ``PING`` too, so its answer comes
     no sooner than the end."""
     await admin.execute_command("PING")
 
 
-async def test_redis_paused_before_the_call(own_store: Store, admin: Redis, namespace: str):
+async def test_redis_paused_before_the_call(own_store: Store, admin: EveryMaster, namespace: str):
     """A server paused (CLIENT PAUSE ALL) longer than the timeout makes the call
     STORE_UNAVAILABLE before the pause ends; afterwards calls run again."""
     tool = FakeTool()
@@ -138,7 +181,7 @@ async def test_redis_paused_before_the_call(own_store: Store, admin: Redis, name
     assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
 
 
-async def test_redis_paused_mid_call(own_store: Store, admin: Redis, namespace: str):
+async def test_redis_paused_mid_call(own_store: Store, admin: EveryMaster, namespace: str):
     """A server paused while the executor runs makes the call STORE_UNAVAILABLE before the
     pause ends, and the projector never runs; afterwards the boundary recovers."""
     tool = FakeTool()
@@ -159,7 +202,7 @@ async def test_redis_paused_mid_call(own_store: Store, admin: Redis, namespace: 
 
 
 async def test_redis_paused_while_the_projector_runs(
-    own_store: Store, admin: Redis, namespace: str
+    own_store: Store, admin: EveryMaster, namespace: str
 ):
     """A server paused while the projector runs: the result could not be stored, so the
     agent gets STORE_UNAVAILABLE, never the result; the record keeps the raw response and
@@ -184,6 +227,9 @@ async def test_redis_paused_while_the_projector_runs(
     assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
 
 
+@pytest.mark.not_on_cluster(
+    "kills its server and starts it again; as above, not for the shared session cluster"
+)
 async def test_redis_killed_while_the_executor_runs(
     own_store: Store, server: EmbeddedRedis, namespace: str
 ):
@@ -209,7 +255,7 @@ async def test_redis_killed_while_the_executor_runs(
     assert outcome((await timed_invoke(boundary, "c2"))[0]) == "READY"
 
 
-async def test_redis_refusing_writes(own_store: Store, admin: Redis, namespace: str):
+async def test_redis_refusing_writes(own_store: Store, admin: EveryMaster, namespace: str):
     """A server that fails commands (out of memory under noeviction) gives STORE_UNAVAILABLE
     without its error text; once memory is allowed again calls run."""
     tool = FakeTool()

@@ -24,6 +24,8 @@ from machine.codes import ErrorCode, EvidenceStatus, Status
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 LIMIT_S = 0.2
 
 

@@ -7,6 +7,7 @@ import re
 from typing import Any
 
 import httpx
+import pytest
 
 from eventstore.store import Store
 from machine.ids import invocation_id
@@ -21,6 +22,8 @@ from tests.support.console_run import (
     populate,
     serving,
 )
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 BEARER = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 # Every command that changes data or an expiry (the console may send none of them).

@@ -36,6 +36,8 @@ from tests.helpers import (
     record_fields,
 )
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-1"
 
 #: The Lua refusal code for each reason the fold gives.

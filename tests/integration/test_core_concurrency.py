@@ -17,6 +17,8 @@ from machine.codes import ErrorCode
 from machine.events import ProjectingStarted, payload_digest
 from tests.helpers import RAW, REQUEST, TOOL, make_event
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-1"
 RACERS = 50
 

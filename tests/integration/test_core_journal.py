@@ -26,6 +26,8 @@ from tests.helpers import (
     record_fields,
 )
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-1"
 MARKERS = {
     "request": b"REQ-MARKER-7f3a9c",

@@ -32,6 +32,8 @@ from machine.ids import MAX_ID_LENGTH, MAX_TOOL_CALL_ID_BYTES, invocation_id
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, key_values, namespace_keys, open_store
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-1"
 Setup = Callable[[Store], Awaitable[None]]
 
@@ -164,6 +166,9 @@ async def test_update_of_a_record_without_its_stream_creates_nothing(
     assert await redis.exists(store.keys.stream(RUN, "call-1")) == 0
 
 
+@pytest.mark.not_on_cluster(
+    "inspects a single server's connection pool; test_cluster_layout has the cluster version"
+)
 async def test_other_shard_count_on_a_namespace_is_refused(redis_url: str, namespace: str) -> None:
     """A second store with a different shard count fails on entry with NamespaceMismatch."""
     async with open_store(redis_url, namespace, shards=4):

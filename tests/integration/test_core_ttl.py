@@ -25,6 +25,8 @@ from tests.helpers import (
     record_fields,
 )
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-1"
 #: Commands that can set, extend or remove an expiry.
 TTL_COMMANDS = ("expire", "pexpire", "expireat", "pexpireat", "persist", "getex")

@@ -24,6 +24,8 @@ from tests.integration.test_replay import (
     store,
 )
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 __all__ = ["store"]  # the fixture, re-used from the replay tests
 
 

@@ -7,10 +7,13 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+import pytest
 
 from eventstore.store import Store
 from machine.ids import invocation_id
 from tests.support.console_run import FAILED_CALL, RUN, populate, serving
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 PATH = f"/v1/runs/{RUN}/invocations"
 

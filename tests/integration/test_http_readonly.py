@@ -1,8 +1,14 @@
-"""Reading receipts over HTTP writes nothing: no command, no TTL, no counter, no byte."""
+"""Reading receipts over HTTP writes nothing: no command, no TTL, no counter, no byte.
+
+On the cluster ``INFO commandstats`` counts one node's commands, so this module's ``redis``
+fixture adds up every primary's counts there: a write on any master shows up.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import collections
+import itertools
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -10,13 +16,17 @@ from typing import Any
 import httpx
 import pytest
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from eventstore.store import Store
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ReceiptWorker, create_app
 from projections.worker.supervisor import ReceiptServer
+from tests.cluster.harness import LocalCluster
 from tests.helpers import commandstats, key_values, namespace_keys
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-ro"
 
@@ -33,6 +43,56 @@ WRITES = frozenset(
         "xreadgroup", "copy", "restore", "touch",
     }
 )  # fmt: skip
+
+
+class SummedInfoCluster:
+    """A cluster client whose ``INFO commandstats`` is the sum over every primary.
+
+    Any other command, and ``INFO`` of any other section, goes to the cluster client as is.
+    """
+
+    def __init__(self, client: RedisCluster) -> None:
+        self._client = client
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._client, name)
+
+    async def info(self, section: str | None = None, **options: Any) -> Any:
+        """``INFO``; for ``commandstats``, each command's calls added up over the primaries."""
+        if section != "commandstats" or options:
+            return await self._client.info(section, **options)
+        replies: dict[str, dict[str, Any]] = await self._client.info(
+            section, target_nodes=RedisCluster.PRIMARIES
+        )
+        calls: collections.Counter[str] = collections.Counter()
+        for stats in replies.values():
+            calls.update({name: int(value["calls"]) for name, value in stats.items()})
+        return {name: {"calls": count} for name, count in calls.items()}
+
+
+@pytest.fixture
+def redis(redis: Redis | RedisCluster) -> Redis | SummedInfoCluster:
+    """The root ``redis`` client; on the cluster, one counting commands on every primary."""
+    return SummedInfoCluster(redis) if isinstance(redis, RedisCluster) else redis
+
+
+@pytest.mark.backends("cluster")
+async def test_summed_commandstats_see_a_write_on_every_primary(
+    redis: SummedInfoCluster, redis_cluster: LocalCluster, namespace: str
+) -> None:
+    """The summed counts grow by one HSET per primary written to, whichever it is."""
+    owners, keys = redis_cluster.owners(), dict[int, str]()
+    for i in itertools.count():  # one key per master, found by its slot
+        key = f"{namespace}:k{i}"
+        keys.setdefault(owners[redis_cluster.keyslot(key)].port, key)
+        if len(keys) == len(redis_cluster.nodes):
+            break
+    before = (await redis.info("commandstats")).get("cmdstat_hset", {"calls": 0})["calls"]
+    for key in keys.values():
+        await redis.hset(key, "f", "v")
+    after = (await redis.info("commandstats"))["cmdstat_hset"]["calls"]
+    assert after - before == len(redis_cluster.nodes)
+    await redis.delete(*keys.values())
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from projections import ReceiptWorker, create_app
 from projections.worker.supervisor import ReceiptServer
 from tests.helpers import commandstats
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN, OTHER = "run-h", "run-o"
 RECEIPT = "/v1/invocations/{}/receipt"
 CAPS = "/v1/invocations/inspection-capabilities"

@@ -26,6 +26,8 @@ from machine.ids import invocation_id
 from projections import read_view
 from tests.support.log_scan import LOG_FORBIDDEN
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-s"
 
 

@@ -35,6 +35,10 @@ from tests.support.calls import TOOL, assert_safe_error, envelope, outcome
 from tests.support.provider_ids import ACCEPTED
 from tests.support.tools import FakeTool, namespace_keys
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
+_VERIFY = "canon verify refuses a cluster URL: it is run against each primary in turn"
+
 RUN = "run-legacy"
 SHARDS = 4
 #: Calls through the boundary: READY each. Ids without ":" are accepted in this layout.
@@ -118,6 +122,7 @@ async def test_replay_and_export_read_the_legacy_layout(
     assert all(f'"tool_call_id":"{call}"' in out for call in ALL_CALLS)
 
 
+@pytest.mark.not_on_cluster("canon status refuses a cluster URL")
 async def test_status_counts_legacy_records_not_their_streams(
     legacy: Legacy, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -126,6 +131,7 @@ async def test_status_counts_legacy_records_not_their_streams(
     assert status["records_by_status"] == {"ERROR": 1, "PROJECTING": 1, "READY": 3}
 
 
+@pytest.mark.not_on_cluster(_VERIFY)
 async def test_verify_reads_the_legacy_layout(
     legacy: Legacy, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -136,6 +142,7 @@ async def test_verify_reads_the_legacy_layout(
     assert summary["by_status"] == {"ERROR": 1, "PROJECTING": 1, "READY": 3}
 
 
+@pytest.mark.not_on_cluster(_VERIFY)
 async def test_verify_still_tells_a_legacy_stream_from_its_record(
     legacy: Legacy, redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -7,6 +7,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx
+import pytest
 from redis.asyncio import Redis
 
 from eventstore.store import Store
@@ -14,6 +15,8 @@ from machine.codes import EvidenceStatus
 from projections import ReceiptWorker, create_app
 from projections.metrics import Metrics, metrics_server
 from tests.helpers import wait_until
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-m"
 

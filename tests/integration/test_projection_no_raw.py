@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
+import pytest
 from redis.asyncio import Redis
 
 from eventstore import RunContext, ToolBoundary, ToolEnvelope, ToolResult
@@ -17,6 +18,8 @@ from projections import ProgressWorker, ReceiptWorker, observed_facts, read_view
 from projections.worker.supervisor import run_workers
 from tests.helpers import key_values, namespace_keys
 from tests.support.tools import FakeTool
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-z"
 

@@ -26,6 +26,8 @@ from projections import ProgressWorker, ReceiptWorker, read_view
 from projections.worker.supervisor import run_workers
 from tests.support.log_scan import LOG_FORBIDDEN
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-k"
 CALLS = 40
 SHARDS = 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from eventstore.boundary.contracts import RunContext
@@ -14,6 +15,8 @@ from machine.limits import Limits
 from projections import ProgressWorker, observed_facts, read_view
 from projections.feed import FeedEntry, Outcome
 from projections.progress import ProgressProjection
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-p"
 

@@ -6,6 +6,7 @@ import asyncio
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from eventstore.store import Store
@@ -14,6 +15,8 @@ from machine.codes import EvidenceStatus
 from projections import ReceiptWorker
 from projections.worker.lag import shard_lag, trim_feeds
 from tests.helpers import wait_until
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-w"
 

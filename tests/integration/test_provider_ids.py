@@ -5,6 +5,10 @@ through ``ToolBoundary.invoke``; its record holds the exact id, SCAN finds exact
 record and stream keys, every key of the run hashes to the run's shard slot (asked of the
 server too on a cluster), replay, verify, export, receipts and progress facts report it
 intact and unchanged. Each refused value is INVALID_TOOL_CALL_ID and leaves no key.
+
+On the cluster ``redis`` is a cluster client, so the slot of every key is asked of the
+cluster (``CLUSTER KEYSLOT``) and must be the slot of the run's shard tag, braces in the
+id or not.
 """
 
 from __future__ import annotations
@@ -43,6 +47,8 @@ from tests.support.calls import (
 )
 from tests.support.provider_ids import ACCEPTED, REFUSED
 from tests.support.tools import FakeTool, namespace_keys
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-ids"
 

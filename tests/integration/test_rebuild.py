@@ -33,6 +33,8 @@ from projections.receipts.inspection import inspect_invocation
 from projections.worker.runtime import Worker
 from tests.helpers import wait_until
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-rb"
 
 

@@ -6,6 +6,7 @@ import json
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from eventstore.store import Store
@@ -13,6 +14,8 @@ from machine.codes import EvidenceStatus
 from projections import ReceiptWorker
 from projections.generations import current_generation
 from tests.integration.test_receipt_inspect_cli import canon
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-rbc"
 

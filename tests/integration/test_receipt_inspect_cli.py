@@ -8,12 +8,15 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+import pytest
 from redis.asyncio import Redis
 
 from eventstore.store import Store
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from tests.helpers import commandstats
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-i"
 WRITES = ("hset", "hsetnx", "hincrby", "xadd", "xack", "pexpireat", "evalsha", "del")

@@ -8,6 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 import msgspec
+import pytest
 from redis.asyncio import Redis
 
 from eventstore.store import Store
@@ -20,6 +21,8 @@ from projections.receipts.builder import decode_receipt
 from projections.receipts.projection import ReceiptProjection
 from projections.receipts.snapshot import read_receipt_snapshot, receipt_of
 from projections.worker.runtime import Worker
+
+pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-r"
 

@@ -20,6 +20,8 @@ from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import Failed, decode_event, event_hash
 from machine.ids import invocation_id
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-audit"
 REQUEST = b'{"query":"marker-request-7c1"}'
 RAW = b"\xff\xfe marker-raw-7c1 not utf-8"

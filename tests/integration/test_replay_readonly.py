@@ -13,6 +13,8 @@ from eventstore.wire.keys import shard_of
 from tests.helpers import commandstats
 from tests.integration.test_replay import RUN, populate, run_cli, store
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 __all__ = ["store"]  # the fixture, re-used from the replay tests
 
 #: Every command the audit commands may issue: reads, connection set-up and MULTI/EXEC.
@@ -54,6 +56,10 @@ async def _grown(redis: Redis, before: dict[str, int]) -> set[str]:
     return {name for name, calls in after.items() if calls > before.get(name, 0)}
 
 
+@pytest.mark.not_on_cluster(
+    "runs verify and status, which scan one server (per primary on a cluster), "
+    "and counts commands with INFO commandstats, which is per node"
+)
 async def test_audit_commands_issue_only_reads_and_leave_every_expiry(
     store: Store, redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:

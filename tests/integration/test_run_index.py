@@ -17,6 +17,8 @@ from machine.codes import ErrorCode, EvidenceStatus
 from tests.helpers import commandstats
 from tests.support.waiting import wait_for
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 
 async def open_runs(store: Store, count: int) -> list[str]:
     """Open ``count`` runs one after the other (each a later open time than the last)."""

@@ -27,6 +27,8 @@ from projections.facts import observed_facts
 from tests.helpers import record_fields
 from tests.support.tools import FakeTool, record_keys
 
+pytestmark = pytest.mark.backends("single", "cluster")
+
 RUN = "run-a"
 
 
