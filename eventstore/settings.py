@@ -9,6 +9,7 @@ applied on top of ``settings`` (or of the defaults) by :meth:`StoreSettings.with
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
 from typing import Any, Final, TypedDict, Unpack
@@ -18,6 +19,7 @@ from eventstore.server.durability import DurabilityMode
 from eventstore.wire.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
 from eventstore.wire.replication import DEFAULT_REPLICA_TIMEOUT_MS
 from machine.limits import Limits
+from machine.scrub import Scrub, scrub_secrets, scrubber
 
 DEFAULT_TTL: Final = timedelta(days=1)
 #: Feed entries are kept this long past the record TTL before age trimming removes them.
@@ -47,6 +49,10 @@ class StoreSettings:
             workers, a reader ACL user): entering it writes nothing, not even the
             namespace metadata, and runs no durability preflight (a reader commits
             nothing to lose).
+        scrub: what replaces the secrets in a failed call's failure detail before it is
+            stored (:mod:`machine.scrub`). As an option of ``Store``: None (the default
+            scrubber), a list of regular expressions (the default plus these), or a
+            callable ``str -> str`` (which replaces the default).
 
     Raises:
         InvalidArgument: ``ttl`` is not positive.
@@ -62,6 +68,7 @@ class StoreSettings:
     replicas: int = 0
     replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
     read_only: bool = False
+    scrub: Scrub = scrub_secrets
 
     def __post_init__(self) -> None:
         if self.ttl <= timedelta(0):
@@ -82,13 +89,16 @@ class StoreSettings:
         changes: dict[str, Any] = dict(options)
         if changes.get("limits", self) is None:
             del changes["limits"]
+        if "scrub" in changes:
+            changes["scrub"] = scrubber(changes["scrub"])
         return dataclasses.replace(self, **changes) if changes else self
 
 
 class StoreOptions(TypedDict, total=False):
     """The fields of :class:`StoreSettings`, as keyword arguments of ``Store``.
 
-    ``limits`` may also be None (the default limits), as it always could.
+    ``limits`` may also be None (the default limits), as it always could; ``scrub`` a
+    list of patterns or None (:func:`machine.scrub.scrubber`).
     """
 
     namespace: str
@@ -100,3 +110,4 @@ class StoreOptions(TypedDict, total=False):
     replicas: int
     replica_timeout_ms: int
     read_only: bool
+    scrub: Scrub | Iterable[str] | None

@@ -7,7 +7,10 @@ JSON object::
 
     {"type": "...", "message": "...", "traceback": "...", "cut_bytes": N}
 
-It never grows past its limit (:attr:`machine.limits.Limits.failure_detail_bytes`, and
+Its message and traceback are scrubbed of secrets first (:mod:`machine.scrub`: the
+value after a name such as ``password`` or ``api_key``, bearer tokens, API-key and JWT
+shapes, a URL's password become ``[Filtered]``), so the record never holds them. It
+never grows past its limit (:attr:`machine.limits.Limits.failure_detail_bytes`, and
 what the record limit leaves), and is never cut silently. When it does not fit, a
 message longer than a quarter of the limit is cut to that quarter first (the traceback's
 last line repeats it); then the traceback loses its start (the innermost frame and the
@@ -22,6 +25,8 @@ import traceback
 from typing import Final, Literal
 
 import msgspec
+
+from machine.scrub import Scrub, scrub_secrets
 
 #: What a boundary keeps of a raising tool's exception (see ``ToolBoundary``).
 FailureDetailPolicy = Literal["full", "type", "none"]
@@ -78,6 +83,18 @@ def _formatted_traceback(exc: BaseException) -> str:
         return ""
 
 
+def _scrubbed(scrub: Scrub, text: str) -> str:
+    """``text`` through ``scrub``, or hidden whole when the scrubber fails.
+
+    The scrubber may be the harness's own code: a failure path must not fail on it, nor
+    keep what it could not scrub.
+    """
+    try:
+        return _text(str(scrub(text)))
+    except Exception:
+        return "[Filtered: the scrubber raised]"
+
+
 def _cut_head(text: str, count: int) -> str:
     """``text`` without at least ``count`` UTF-8 bytes from its start (whole characters)."""
     data = text.encode("utf-8")[count:]
@@ -126,7 +143,10 @@ def bounded(detail: FailureDetail, limit_bytes: int) -> bytes | None:
 
 
 def failure_detail(
-    exc: BaseException, policy: FailureDetailPolicy, limit_bytes: int
+    exc: BaseException,
+    policy: FailureDetailPolicy,
+    limit_bytes: int,
+    scrub: Scrub = scrub_secrets,
 ) -> bytes | None:
     """Return the stored failure detail of ``exc`` under ``policy``; None to keep nothing.
 
@@ -135,6 +155,8 @@ def failure_detail(
         policy: ``"full"`` (type, message, traceback), ``"type"`` (the type name only) or
             ``"none"`` (nothing).
         limit_bytes: the most bytes the detail may take.
+        scrub: what replaces the secrets in the message and the traceback (applied
+            before the detail is bounded, so a cut never reveals half a secret).
 
     """
     if policy == "none" or limit_bytes <= 0:
@@ -142,8 +164,8 @@ def failure_detail(
     full = policy == "full"
     detail = FailureDetail(
         type=_text(type_name(exc)),
-        message=_text(_message(exc)) if full else "",
-        traceback=_text(_formatted_traceback(exc)) if full else "",
+        message=_scrubbed(scrub, _text(_message(exc))) if full else "",
+        traceback=_scrubbed(scrub, _text(_formatted_traceback(exc))) if full else "",
     )
     return bounded(detail, limit_bytes)
 

@@ -13,6 +13,7 @@ from machine.codes import ErrorCode
 from machine.errors import CanonError
 from machine.failure_detail import FAILURE_DETAIL_POLICIES, FailureDetailPolicy, failure_detail
 from machine.limits import Limits
+from machine.scrub import Scrub
 
 
 class CallStop(CanonError):
@@ -54,11 +55,13 @@ def tool_failed(
     policy: FailureDetailPolicy,
     limits: Limits,
     stored_bytes: int,
+    scrub: Scrub,
 ) -> CallStop:
     """Return the stop of a raising executor or projector, with its failure detail.
 
     The detail fits both its own limit and what the record limit leaves beside the
-    ``stored_bytes`` of payloads the record already holds (request, raw response).
+    ``stored_bytes`` of payloads the record already holds (request, raw response);
+    its text has gone through ``scrub`` (the store's ``StoreSettings.scrub``).
     """
     room = min(limits.failure_detail_bytes, limits.record_bytes - stored_bytes)
-    return CallStop(code, detail=failure_detail(exc, policy, room))
+    return CallStop(code, detail=failure_detail(exc, policy, room, scrub))

@@ -363,7 +363,8 @@ class ToolBoundary:
 
     def _failed(self, code: ErrorCode, exc: BaseException, stored_bytes: int) -> CallStop:
         """The stop of a raising executor or projector, with its failure detail."""
-        return tool_failed(code, exc, self._failure_detail, self._limits, stored_bytes)
+        scrub = self._store.settings.scrub
+        return tool_failed(code, exc, self._failure_detail, self._limits, stored_bytes, scrub)
 
     async def _project(
         self,
