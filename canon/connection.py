@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import os
 import pathlib
+import socket
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -25,7 +26,7 @@ from urllib.parse import quote, urlsplit, urlunsplit
 
 import structlog
 
-from canon.argtypes import positive
+from canon.argtypes import port_number, positive
 from canon.failures import CommandError, check_url
 from eventstore.errors import CanonError
 from eventstore.server.embedded import EmbeddedRedis
@@ -86,6 +87,12 @@ def add_connection_args(
             default=pathlib.Path(".canon/data"),
             help="where the embedded server keeps its append-only file (default: %(default)s)",
         )
+        group.add_argument(
+            "--redis-port",
+            type=port_number,
+            default=0,
+            help="the embedded server's loopback port (default: a free one)",
+        )
 
 
 def cluster_from_env() -> bool:
@@ -127,11 +134,13 @@ def announce_embedded(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
     )
 
 
-def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
+def _start_embedded(data_dir: pathlib.Path, port: int = 0) -> EmbeddedRedis:
     """Start a private server that keeps an append-only file in ``data_dir``.
 
+    ``port`` 0 takes a free loopback port.
+
     Raises:
-        CommandError: the folder cannot be created or written.
+        CommandError: the folder cannot be created or written, or the port is taken.
 
     """
     try:
@@ -141,7 +150,20 @@ def _start_embedded(data_dir: pathlib.Path) -> EmbeddedRedis:
     except OSError as exc:
         reason = exc.strerror or type(exc).__name__
         raise CommandError(f"cannot use --data-dir {data_dir}: {reason}") from None
-    return EmbeddedRedis(data_dir=data_dir.resolve(), appendonly=True).start()
+    if port and not _port_is_free(port):
+        raise CommandError(f"cannot start the embedded Redis on port {port}: it is in use")
+    server = EmbeddedRedis(data_dir=data_dir.resolve(), port=port or None, appendonly=True)
+    return server.start()
+
+
+def _port_is_free(port: int) -> bool:
+    """Whether a loopback port can be bound now (the server binds it a moment later)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
 
 
 @asynccontextmanager
@@ -169,7 +191,8 @@ async def open_store(
         if url is None:
             if not embedded:
                 raise ConnectionSettingsError("no Redis configured: set REDIS_URL or --redis-url")
-            server = stack.enter_context(_start_embedded(args.data_dir))
+            port = getattr(args, "redis_port", 0)
+            server = stack.enter_context(_start_embedded(args.data_dir, port))
             announce(server, args.data_dir.resolve())
             url = server.url
         store = Store.from_url(

@@ -5,7 +5,7 @@ and stops it on exit. Projection workers run in the background while the harness
 tools; the tables show runs, outcomes, progress views, a few receipts and one replay, and
 the last block says how to look at what it wrote with the other commands. With
 ``--serve`` the embedded Redis and the operator console keep running after the demo (its
-URL and an operator token are printed) until SIGINT or SIGTERM (:mod:`canon.demo.serving`).
+URL, the Redis URL and an operator token are printed) until SIGINT or SIGTERM.
 """
 
 from __future__ import annotations

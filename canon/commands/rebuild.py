@@ -2,8 +2,8 @@
 
 The projection is rebuilt into a new generation beside the one readers use, while live
 workers go on; one step then switches every reader to it, following workers move to it
-within about a second, and the previous generation is removed once no worker uses it
-(:mod:`projections.rebuild`). Exit 0 when switched, 1 when another rebuild holds the
+within about a second, and the previous generation is removed once no worker uses it.
+Exit 0 when switched, 1 when another rebuild holds the
 claim or took it over, 2 on usage errors, 3 when Redis is unavailable.
 """
 

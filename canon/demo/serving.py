@@ -18,7 +18,7 @@ import socket
 
 from rich.console import Console
 
-from canon.demo.look import Where, print_look
+from canon.demo.look import Where, print_look, shown_url
 from canon.failures import bind_errors
 from canon.operator import operator_token
 from eventstore.store import Store
@@ -62,6 +62,9 @@ async def keep_serving(
     url = f"http://{HOST}:{port}/console/"
     console.rule("the console")
     console.print(f"console: {url}", highlight=False, soft_wrap=True)
+    redis_url = where.embedded_url or where.redis_url
+    if redis_url:
+        console.print(f"redis: {shown_url(redis_url)}", highlight=False, soft_wrap=True)
     if where.run_id:
         run_url = f"{url}runs/{where.run_id}"
         console.print(f"the first run: {run_url}", highlight=False, soft_wrap=True)

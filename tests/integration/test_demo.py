@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import socket
 import subprocess
 import sys
 import time
@@ -136,6 +137,19 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
         assert shown.returncode == 0, (command, shown.stdout[-2000:], shown.stderr[-2000:])
         if len(argv) > 2 and argv[0] == "replay" and argv[2].startswith("call_"):
             assert "error EXECUTION_FAILED" in shown.stdout and "INTACT" in shown.stdout
+
+
+def test_a_taken_redis_port_is_one_line_and_exit_2() -> None:
+    """--redis-port naming a port in use stops before anything starts, saying which port."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        result = _canon("workers", "--burst", "--redis-port", str(port))
+    assert result.returncode == 2, result.stderr
+    assert result.stderr.strip() == (
+        f"canon: error: cannot start the embedded Redis on port {port}: it is in use"
+    )
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from typing import Any
 import httpx
 import pytest
 
+from eventstore.server.loopback import free_port
 from tests.integration.test_demo import _processes_in
 from tests.support.waiting import wait_for
 
@@ -54,10 +55,22 @@ async def test_demo_serve_opens_the_console_on_a_populated_run(
     demo: Any, tmp_path: pathlib.Path
 ) -> None:
     """The printed URL and token log in; the runs page lists the demo's runs, the run page
-    has its bars, the failed call's page says EXECUTION_FAILED; SIGTERM exits 0 and the
+    has its bars, the failed call's page says EXECUTION_FAILED; the embedded Redis listens
+    on the --redis-port asked for, printed as one plain line; SIGTERM exits 0 and the
     embedded Redis is gone."""
     data_dir = tmp_path / "data"
-    process, output = demo("--serve", "--port", "0", "--data-dir", str(data_dir), "--calls", "6")
+    redis_port = free_port()
+    process, output = demo(
+        "--serve",
+        "--port",
+        "0",
+        "--data-dir",
+        str(data_dir),
+        "--calls",
+        "6",
+        "--redis-port",
+        str(redis_port),
+    )
 
     def printed() -> str:
         assert process.poll() is None, output.read_text(errors="replace")[-3000:]
@@ -72,6 +85,7 @@ async def test_demo_serve_opens_the_console_on_a_populated_run(
     run_ids = re.search(r"namespace demo · runs (.+)", text)
     assert url and token and run_url and failed_url and run_ids, text
     assert "embedded server at redis://" in text or "embedded server at unix://" in text
+    assert re.search(rf"^redis: redis://127\.0\.0\.1:{redis_port}/0$", text, re.MULTILINE), text
     async with httpx.AsyncClient() as client:
         login = await client.post(
             url.group(1) + "login", data={"token": token.group(1), "next": "/console/"}

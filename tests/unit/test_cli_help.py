@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from canon.cli import COMMANDS, main
@@ -63,6 +65,16 @@ def test_help_is_plain_text_without_sphinx_markup(
     out = capsys.readouterr().out
     for markup in ("``", ":mod:", ":class:", ":func:", ":meth:", ":data:"):
         assert markup not in out, (command, markup)
+
+
+@pytest.mark.parametrize("command", [None, *COMMANDS])
+def test_help_names_no_internal_module(
+    command: str | None, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user reads what a command does, not where its code lives: no dotted module path."""
+    assert main(["--help"] if command is None else [command, "--help"]) == 0
+    out = capsys.readouterr().out
+    assert re.findall(r"\b(?:canon|eventstore|projections|machine)\.[a-z_]+\.?[a-z_]*", out) == []
 
 
 def test_serve_help_lists_every_route(capsys: pytest.CaptureFixture[str]) -> None:
