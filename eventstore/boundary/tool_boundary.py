@@ -124,9 +124,23 @@ class ToolBoundary:
         self._replay_wait_s = float(replay_wait_s)
         self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
 
-    def close(self, *, wait: bool = False) -> None:
+    def close(self, *, wait: bool = False, timeout_s: float | None = None) -> None:
         """Stop this boundary's own tool threads; see :meth:`ToolThreads.close`."""
-        self._threads.close(wait=wait)
+        self._threads.close(wait=wait, timeout_s=timeout_s)
+
+    @property
+    def stuck_tool_threads(self) -> int:
+        """Tool threads still running a tool whose call ended (time limit, cancellation).
+
+        When every thread of the pool is stuck, plain tools are refused at once
+        (EXECUTION_FAILED) until some return; see :mod:`eventstore.boundary.tool_threads`.
+        """
+        return self._threads.stuck
+
+    @property
+    def store_timeout_s(self) -> float:
+        """The longest one store operation of a call may take (see ``store_timeout_s``)."""
+        return self._store_timeout_s
 
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see.
