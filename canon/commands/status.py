@@ -1,10 +1,11 @@
 """``canon status``: namespace health at a glance.
 
 Records by status, feed entries, consumer-group lag and pending counts, dead letters,
-memory used, and warnings for an eviction policy other than ``noeviction`` or
-append-only persistence switched off. Exit 0 when it could report, warnings or not
-(``--strict``: 1 with warnings), 2 on usage errors, 3 when Redis is unavailable.
-Read-only.
+memory used, the cost settings, and warnings for an eviction policy other than
+``noeviction`` or append-only persistence switched off. A setting the user may not read
+(CONFIG GET is denied to the documented read-only ACL user) is shown ``unknown`` with one
+warning saying why. Exit 0 when it could report, warnings or not (``--strict``: 1 with
+warnings), 2 on usage errors, 3 when Redis is unavailable. Read-only.
 """
 
 from __future__ import annotations
@@ -49,6 +50,9 @@ def print_status(console: Console, status: NamespaceStatus) -> None:
     console.print(f"dead letters: {status.dead_letters}")
     console.print(f"memory used: {status.used_memory_human}")
     console.print(f"maxmemory-policy: {status.maxmemory_policy} · appendonly: {status.appendonly}")
+    if status.server_settings:
+        shown = " · ".join(f"{name}: {value}" for name, value in status.server_settings.items())
+        console.print(f"cost settings: {shown}")
     for warning in status.warnings:
         console.print(f"[yellow]WARNING[/yellow] {warning}")
     if not status.warnings:

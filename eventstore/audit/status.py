@@ -3,7 +3,9 @@
 Everything is read: SCAN + HGET for the status counts, XLEN and XINFO GROUPS per shard
 feed, XLEN per dead-letter stream, INFO memory and INFO persistence for the settings this
 store relies on (``noeviction``; append-only persistence; CONFIG GET when INFO lacks them)
-and CONFIG GET for the cost settings (reported as unreadable when CONFIG is refused).
+and CONFIG GET for the cost settings. When CONFIG GET is refused (the documented read-only
+ACL user may not run it, see docs/acl.md) those settings are ``unknown`` and one warning
+says why; the report is still made.
 """
 
 from __future__ import annotations
@@ -15,7 +17,14 @@ import msgspec
 import redis.exceptions
 
 from eventstore.errors import redis_errors
-from eventstore.server.settings import check_server_settings
+from eventstore.server.settings import (
+    COST_SETTINGS,
+    REFUSED_UNANSWERED,
+    cost_settings,
+    inspect_server_settings,
+    server_settings_warnings,
+    unreadable_settings_warning,
+)
 from eventstore.store import Store
 from eventstore.wire.replies import reply_text
 
@@ -40,7 +49,11 @@ class GroupLag(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class NamespaceStatus(msgspec.Struct, frozen=True, kw_only=True):
-    """Health figures of one namespace and the server under it."""
+    """Health figures of one namespace and the server under it.
+
+    ``server_settings`` holds the cost settings of :data:`COST_SETTINGS` by their 7.x
+    names, each ``unknown`` when it could not be read.
+    """
 
     namespace: str
     shards: int
@@ -52,6 +65,7 @@ class NamespaceStatus(msgspec.Struct, frozen=True, kw_only=True):
     used_memory_human: str
     maxmemory_policy: str
     appendonly: str
+    server_settings: dict[str, str] = msgspec.field(default_factory=dict)
     warnings: list[str]
 
 
@@ -174,7 +188,13 @@ async def namespace_status(store: Store) -> NamespaceStatus:
             if "aof_enabled" in persistence
             else await _config(store, "appendonly")
         )
-        cost_warnings = await check_server_settings(store.client)
+        values, refusal = await inspect_server_settings(store.client)
+    settings = cost_settings(values)
+    if values is None:
+        refused = refusal or REFUSED_UNANSWERED
+        cost_warnings = [unreadable_settings_warning(refused, list(COST_SETTINGS))]
+    else:
+        cost_warnings = server_settings_warnings(values)
     status = NamespaceStatus(
         namespace=keys.namespace,
         shards=keys.shards,
@@ -186,9 +206,9 @@ async def namespace_status(store: Store) -> NamespaceStatus:
         used_memory_human=_shown(memory.get("used_memory_human", "unknown")),
         maxmemory_policy=policy,
         appendonly=appendonly,
+        server_settings=settings,
         warnings=[],
     )
     # The eviction warning of health_warnings already covers maxmemory-policy.
-    # (Only that one: the line saying the settings could not be read names the policy too.)
     extra = [w for w in cost_warnings if not w.startswith("maxmemory-policy is")]
     return msgspec.structs.replace(status, warnings=health_warnings(status) + extra)

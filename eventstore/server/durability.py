@@ -19,7 +19,10 @@ risk                                 why records could be lost or evicted
 A setting that cannot be read is *unverified*. Mode ``warn`` (the default) logs one
 ``durability_warning`` (once per process for a server and what it reports, not at every
 store open); ``strict`` raises :class:`DurabilityError` for any risk or
-unverified setting; ``off`` reads nothing. ``appendfsync everysec`` is accepted: it loses
+unverified setting; ``off`` reads nothing. The server is told apart with commands the
+documented ACL users may run (docs/acl.md): its address and data directory (``CONFIG GET
+dir``, read with the settings), or its ``run_id`` when only INFO is allowed, never a
+command the user was not seen to be granted. ``appendfsync everysec`` is accepted: it loses
 at most about one second of commits, and only when the host itself fails.
 
 With ``replicas=N`` the preflight also counts the connected replicas; making each append
@@ -48,6 +51,8 @@ DurabilityMode = Literal["off", "warn", "strict"]
 MODES: Final = ("off", "warn", "strict")
 #: Settings the preflight judges; the cost settings of ``server_settings`` are read too.
 DURABILITY_SETTINGS: Final = ("appendonly", "appendfsync", "maxmemory-policy")
+#: Read with the settings only to tell servers apart (never judged, never logged).
+_IDENTITY_SETTINGS: Final = ("dir",)
 
 
 class DurabilityError(CanonError):
@@ -146,11 +151,15 @@ def _weakest(name: str, values: list[str]) -> str:
 
 
 async def _config(client: Redis, cluster: RedisCluster | None) -> dict[str, str]:
-    """Read every setting in one round trip; on a cluster, every primary's weakest value."""
+    """Read every setting in one round trip; on a cluster, every primary's weakest value.
+
+    A single server's ``dir`` is read too (:func:`_server_identity`); a cluster's
+    primaries are named by the cluster client without a command.
+    """
     names = (*DURABILITY_SETTINGS, *SETTING_NAMES)
     if cluster is None:
         async with client.pipeline(transaction=False) as pipe:
-            for name in names:
+            for name in (*names, *_IDENTITY_SETTINGS):
                 pipe.config_get(name)
             return _config_values(await pipe.execute(raise_on_error=False))
     values: dict[str, str] = {}
@@ -178,6 +187,60 @@ async def _info(client: Redis, section: str) -> dict[str, Any] | None:
         return None
 
 
+@dataclass(frozen=True, slots=True)
+class _Reading:
+    """A report and what the reading learned about telling the server apart."""
+
+    report: DurabilityReport
+    data_dir: str | None  # CONFIG GET dir, when CONFIG was allowed
+    info_allowed: bool  # an INFO call was answered, so INFO server may be sent
+
+
+async def _read(client: Redis, cluster: RedisCluster | None, replicas: int) -> _Reading:
+    """:func:`read_durability`, keeping what :func:`_server_identity` may use."""
+    info_allowed = False
+
+    async def info(section: str) -> dict[str, Any] | None:
+        nonlocal info_allowed
+        reply = await _info(client, section)
+        info_allowed = info_allowed or reply is not None
+        return reply
+
+    async with redis_errors():
+        config = await _config(client, cluster)
+        data_dir = config.pop("dir", None)
+        source = "config" if config else "none"
+        appendonly, policy = config.get("appendonly"), config.get("maxmemory-policy")
+        if appendonly is None:
+            persistence = await info("persistence")
+            if persistence is not None and "aof_enabled" in persistence:
+                appendonly, source = ("yes" if int(persistence["aof_enabled"]) else "no"), "info"
+        if policy is None:
+            memory = await info("memory")
+            if memory is not None and "maxmemory_policy" in memory:
+                policy, source = reply_text(memory["maxmemory_policy"]), "info"
+        connected = None
+        if replicas:
+            replication = await info("replication")
+            if replication is not None and "connected_slaves" in replication:
+                connected = int(replication["connected_slaves"])
+    costs = {
+        name: value
+        for name, value in config.items()
+        if name in SETTING_NAMES and name not in DURABILITY_SETTINGS
+    }
+    report = DurabilityReport(
+        appendonly=appendonly,
+        appendfsync=config.get("appendfsync"),
+        maxmemory_policy=policy,
+        connected_replicas=connected,
+        replicas_required=replicas,
+        source=source,
+        setting_warnings=tuple(server_settings_warnings(costs)),
+    )
+    return _Reading(report=report, data_dir=data_dir, info_allowed=info_allowed)
+
+
 async def read_durability(
     client: Redis, *, cluster: RedisCluster | None = None, replicas: int = 0
 ) -> DurabilityReport:
@@ -193,33 +256,7 @@ async def read_durability(
         StoreUnavailable: Redis cannot be reached.
 
     """
-    async with redis_errors():
-        config = await _config(client, cluster)
-        source = "config" if config else "none"
-        appendonly, policy = config.get("appendonly"), config.get("maxmemory-policy")
-        if appendonly is None:
-            persistence = await _info(client, "persistence")
-            if persistence is not None and "aof_enabled" in persistence:
-                appendonly, source = ("yes" if int(persistence["aof_enabled"]) else "no"), "info"
-        if policy is None:
-            memory = await _info(client, "memory")
-            if memory is not None and "maxmemory_policy" in memory:
-                policy, source = reply_text(memory["maxmemory_policy"]), "info"
-        connected = None
-        if replicas:
-            replication = await _info(client, "replication")
-            if replication is not None and "connected_slaves" in replication:
-                connected = int(replication["connected_slaves"])
-    costs = {name: value for name, value in config.items() if name not in DURABILITY_SETTINGS}
-    return DurabilityReport(
-        appendonly=appendonly,
-        appendfsync=config.get("appendfsync"),
-        maxmemory_policy=policy,
-        connected_replicas=connected,
-        replicas_required=replicas,
-        source=source,
-        setting_warnings=tuple(server_settings_warnings(costs)),
-    )
+    return (await _read(client, cluster, replicas)).report
 
 
 async def check_durability(
@@ -243,12 +280,13 @@ async def check_durability(
         raise InvalidArgument(f"durability must be one of {', '.join(MODES)}")
     if mode == "off":
         return None
-    report = await read_durability(client, cluster=cluster, replicas=replicas)
+    reading = await _read(client, cluster, replicas)
+    report = reading.report
     problems = report.risks + report.unverified
     if problems and mode == "strict":
         raise DurabilityError(problems)
     if (problems or report.setting_warnings) and _first_warning(
-        await _server_identity(client, cluster), report
+        await _server_identity(client, cluster, reading), report
     ):
         if problems:
             log.warning(
@@ -283,14 +321,25 @@ def _first_warning(server: str, report: DurabilityReport) -> bool:
         return True
 
 
-async def _server_identity(client: Redis, cluster: RedisCluster | None) -> str:
-    """The server's ``run_id`` (new at every server start), else its address."""
+async def _server_identity(client: Redis, cluster: RedisCluster | None, reading: _Reading) -> str:
+    """Name the server with commands this user was seen to be allowed, never another.
+
+    A cluster by its primaries. A single server by its address and data directory when
+    CONFIG was allowed (the documented writer and workers users may not run INFO), by its
+    ``run_id`` (new at every start) when INFO answered instead, else by its address alone:
+    a denied command would land in the server's ACL LOG at every store open.
+    """
     if cluster is not None:
         return ",".join(sorted(node.name for node in cluster.get_primaries()))
-    try:
-        async with redis_errors():
-            server = await client.info("server")
-        return str(server["run_id"])
-    except (CanonError, ResponseError, KeyError):
-        options = client.connection_pool.connection_kwargs
-        return f"{options.get('host')}:{options.get('port')}:{options.get('path')}"
+    options = client.connection_pool.connection_kwargs
+    address = f"{options.get('host')}:{options.get('port')}:{options.get('path')}"
+    if reading.data_dir is not None:
+        return f"{address}:{reading.data_dir}"
+    if reading.info_allowed:
+        try:
+            async with redis_errors():
+                server = await client.info("server")
+            return str(server["run_id"])
+        except (CanonError, ResponseError, KeyError):
+            pass
+    return address

@@ -9,11 +9,11 @@ settings and values only, never a key or a payload.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Final, cast
+from collections.abc import Mapping, Sequence
+from typing import Final, NamedTuple, cast
 
 from redis.asyncio import Redis
-from redis.exceptions import RedisError
+from redis.exceptions import NoPermissionError, RedisError, ResponseError
 
 from eventstore.server.embedded import RECOMMENDED_SERVER_ARGS
 from eventstore.wire.replies import reply_text
@@ -37,6 +37,13 @@ SETTING_NAMES: Final = (
     "hash-max-listpack-entries",
     "hash-max-ziplist-entries",
 )
+
+#: The settings that decide what a record costs, by their 7.x names, with their 6.2 aliases.
+COST_SETTINGS: Final[dict[str, tuple[str, ...]]] = {
+    "stream-node-max-bytes": (),
+    "hash-max-listpack-value": ("hash-max-ziplist-value",),
+    "hash-max-listpack-entries": ("hash-max-ziplist-entries",),
+}
 
 #: A record holds about 30 fields; fewer allowed entries make every record a hashtable.
 MIN_HASH_ENTRIES: Final = 64
@@ -107,28 +114,71 @@ def server_settings_warnings(config: Mapping[str, str | bytes | int]) -> list[st
     return warnings
 
 
-async def read_server_settings(client: Redis) -> dict[str, str] | None:
-    """Return the server's values of :data:`SETTING_NAMES`, or None if CONFIG is refused.
+#: Why :data:`SETTING_NAMES` could not be read, by what refused ``CONFIG GET``.
+REFUSED_BY_ACL: Final = "CONFIG GET is denied to this ACL user (NOPERM, see docs/acl.md)"
+REFUSED_BY_SERVER: Final = "CONFIG GET is refused by the server (disabled or renamed)"
+REFUSED_UNANSWERED: Final = "CONFIG GET was not answered"
 
-    Managed services often rename or forbid CONFIG; the caller then says the settings
-    could not be checked rather than guessing.
+
+class ServerSettings(NamedTuple):
+    """What :func:`inspect_server_settings` found.
+
+    Attributes:
+        values: the settings read (7.x or 6.2 names), None when CONFIG GET was refused.
+        refusal: why they could not be read (one of the ``REFUSED_*`` sentences), or None.
+
+    """
+
+    values: dict[str, str] | None
+    refusal: str | None
+
+
+async def inspect_server_settings(client: Redis) -> ServerSettings:
+    """Read the server's values of :data:`SETTING_NAMES`, or say why CONFIG GET was refused.
+
+    Managed services often rename or forbid CONFIG, and the documented read-only ACL user
+    may not run it (it can read the server's passwords); the first refusal stops the read,
+    so a user without CONFIG is refused once, and the caller says the settings could not
+    be checked rather than guessing.
     """
     settings: dict[str, str] = {}
     try:
         for name in SETTING_NAMES:
             reply = cast(dict[bytes | str, bytes | str], await client.config_get(name))
             settings.update({reply_text(k): reply_text(v) for k, v in reply.items()})
+    except NoPermissionError:
+        return ServerSettings(None, REFUSED_BY_ACL)
+    except ResponseError:
+        return ServerSettings(None, REFUSED_BY_SERVER)
     except (RedisError, OSError):
-        return None
-    return settings
+        return ServerSettings(None, REFUSED_UNANSWERED)
+    return ServerSettings(settings, None)
+
+
+async def read_server_settings(client: Redis) -> dict[str, str] | None:
+    """Return the server's values of :data:`SETTING_NAMES`, or None if CONFIG is refused."""
+    return (await inspect_server_settings(client)).values
+
+
+def unreadable_settings_warning(refusal: str, names: Sequence[str]) -> str:
+    """The one line saying the settings ``names`` could not be read, and why."""
+    listed = ", ".join(names[:-1]) + f" and {names[-1]}" if len(names) > 1 else names[0]
+    return f"server settings could not be read: {refusal}; check {listed} by hand"
+
+
+def cost_settings(values: Mapping[str, str] | None) -> dict[str, str]:
+    """Each setting of :data:`COST_SETTINGS` by its 7.x name: its value, else ``unknown``."""
+    values = values or {}
+    return {
+        name: next((values[n] for n in (name, *aliases) if values.get(n)), "unknown")
+        for name, aliases in COST_SETTINGS.items()
+    }
 
 
 async def check_server_settings(client: Redis) -> list[str]:
     """Read the server's settings and return :func:`server_settings_warnings` for them."""
-    settings = await read_server_settings(client)
-    if settings is None:
-        return [
-            "server settings could not be read (CONFIG GET refused): check "
-            "maxmemory-policy, stream-node-max-bytes and hash-max-listpack-value by hand"
-        ]
-    return server_settings_warnings(settings)
+    values, refusal = await inspect_server_settings(client)
+    if values is None:
+        names = ("maxmemory-policy", "stream-node-max-bytes", "hash-max-listpack-value")
+        return [unreadable_settings_warning(refusal or REFUSED_UNANSWERED, names)]
+    return server_settings_warnings(values)

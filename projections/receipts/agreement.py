@@ -75,16 +75,19 @@ def _text(fields: Mapping[str, bytes], name: str) -> str | None:
     return None if value is None else value.decode("utf-8", "replace")
 
 
-def _outcome_disagreement(fields: Mapping[str, bytes], event: Event) -> str | None:
+def _outcome_disagreement(
+    fields: Mapping[str, bytes], event: Event, *, stored_result: bool
+) -> str | None:
     """The terminal event's outcome against the record's (READY's result included)."""
     if isinstance(event, Completed):
         if _text(fields, "evidence_status") != event.evidence_status.value:
             return "outcome_mismatch"
-        result = fields.get("result")
         recorded = (_text(fields, "result_sha256"), _text(fields, "result_bytes"))
-        if (
+        if recorded != (event.result_sha256, str(event.result_bytes)):
+            return "result_digest_mismatch"
+        result = fields.get("result")
+        if stored_result and (
             result is None
-            or recorded != (event.result_sha256, str(event.result_bytes))
             or len(result) != event.result_bytes
             or payload_digest(result) != event.result_sha256
         ):
@@ -94,13 +97,18 @@ def _outcome_disagreement(fields: Mapping[str, bytes], event: Event) -> str | No
     return None
 
 
-def disagreement(fields: Mapping[str, bytes], events: Sequence[StoredEvent]) -> str | None:
+def disagreement(
+    fields: Mapping[str, bytes], events: Sequence[StoredEvent], *, stored_result: bool = True
+) -> str | None:
     """Return the first reason the record and its journal disagree, or None when they agree.
 
     Args:
         fields: the record's fields (names as text; {} when the record is absent).
         events: the stream's events in order, possibly only its first
             :data:`STREAM_READ_COUNT` ([] when the stream is absent).
+        stored_result: whether the stored result bytes are checked against the
+            ``Completed`` event (False: only the record's recorded digest and size are),
+            which tells a malformed stored result from a record that disagrees otherwise.
 
     """
     if not events:
@@ -124,4 +132,4 @@ def disagreement(fields: Mapping[str, bytes], events: Sequence[StoredEvent]) -> 
         return "last_hash_mismatch"
     if not isinstance(last.event, _LAST_EVENT[stage]):
         return "stage_mismatch"
-    return _outcome_disagreement(fields, last.event)
+    return _outcome_disagreement(fields, last.event, stored_result=stored_result)

@@ -174,6 +174,23 @@ def _completed_result(
     }, ResultSource.RECORD
 
 
+def _only_the_stored_result_disagrees(
+    view: RecordView | None,
+    events: Sequence[StoredEvent],
+    journal: JournalState,
+    observed_at_ms: int,
+) -> bool:
+    """Whether a READY record is ``evidence_degraded`` only by its stored result's bytes."""
+    return (
+        journal is JournalState.EVIDENCE_DEGRADED
+        and view is not None
+        and view.state is not None
+        and view.state.status is Status.READY
+        and journal_state(view, events, observed_at_ms=observed_at_ms, stored_result=False)
+        is JournalState.COMPLETED
+    )
+
+
 def build_receipt(
     record: Mapping[str, str | bytes]
     | Mapping[bytes, bytes]
@@ -212,6 +229,10 @@ def build_receipt(
         assert view is not None and view.state is not None
         result, source = _completed_result(view, view.state, result_limit_bytes)
         evidence = view.state.evidence_status
+    elif _only_the_stored_result_disagrees(view, events, journal, observed_at_ms):
+        # The journal confirms the call completed; the bytes stored as its result are not
+        # the ones it names, and it holds only their digest: no result, not a guess.
+        result, source = None, ResultSource.NONE
     else:
         result, source = _reconciliation(), ResultSource.JOURNAL
     if journal is JournalState.UNKNOWN or view is None or not events:

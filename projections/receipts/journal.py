@@ -31,6 +31,8 @@ DEFAULT_STALE_AFTER_MS: Final = 5 * 60 * 1000
 _PAYLOADS: Final = tuple(field for field in PAYLOAD_FIELDS if field != "result")
 #: Audit findings about payloads a receipt never reads (they are not in its fields).
 _UNREAD: Final = tuple(f"payload_digest_mismatch:{name}" for name in _PAYLOADS)
+#: The audit finding about the one payload a receipt shows.
+_RESULT_MISMATCH: Final = "payload_digest_mismatch:result"
 #: The record fields :func:`record_view` reads as text: the state and the expiry.
 _STATE_FIELDS: Final = (*InvocationState.__struct_fields__, "expires_at_ms")
 
@@ -136,8 +138,14 @@ def journal_state(
     *,
     observed_at_ms: int,
     stale_after_ms: int = DEFAULT_STALE_AFTER_MS,
+    stored_result: bool = True,
 ) -> JournalState:
     """Judge the stream against the record.
+
+    With ``stored_result=False`` the stored result bytes are left out of the judgement
+    (the record's recorded digest and size still count): a record that is then
+    ``completed``, and ``evidence_degraded`` otherwise, differs from its journal only in
+    a malformed stored result.
 
     Precedence, first match wins: no events (``absent`` without a record, else
     ``evidence_degraded``); an event that does not decode (``unknown``); no record, a
@@ -154,10 +162,11 @@ def journal_state(
         return JournalState.UNKNOWN
     if record is None or record.state is None:
         return JournalState.EVIDENCE_DEGRADED
-    if disagreement(record.fields, events) is not None:
+    if disagreement(record.fields, events, stored_result=stored_result) is not None:
         return JournalState.EVIDENCE_DEGRADED
+    unread = _UNREAD if stored_result else (*_UNREAD, _RESULT_MISMATCH)
     problems = verify_fields(record.fields, events)
-    if any(problem not in _UNREAD for problem in problems):
+    if any(problem not in unread for problem in problems):
         return JournalState.EVIDENCE_DEGRADED
     state = record.state
     if state.stage in TERMINAL:

@@ -1,5 +1,7 @@
 """A record that disagrees with its journal is never served as completed: not by the API
-(a materialized receipt is re-checked on every read), not by the receipt worker."""
+(a materialized receipt is re-checked on every read), not by the receipt worker. One whose
+only disagreement is a malformed stored result (not JSON, or other bytes than the digest
+its Completed event names) is evidence_degraded with no result: ``result: null``."""
 
 from __future__ import annotations
 
@@ -31,14 +33,21 @@ async def _unknown_stage(redis: Redis, store: Store) -> None:
 
 
 async def _replaced_result(redis: Redis, store: Store) -> None:
-    # Same size, another digest: only the bytes changed.
+    # Same size, valid JSON, another digest: only the bytes changed.
     await redis.hset(store.keys.record(RUN, "c1"), "result", b'{"answer":41}')
+
+
+async def _result_not_json(redis: Redis, store: Store) -> None:
+    await redis.hset(store.keys.record(RUN, "c1"), "result", b'{"answer":')
 
 
 TAMPERS = pytest.mark.parametrize(
     "tamper",
-    [_delete_stream, _unknown_stage, _replaced_result],
-    ids=["stream_deleted", "unknown_stage", "result_replaced"],
+    [_delete_stream, _unknown_stage],
+    ids=["stream_deleted", "unknown_stage"],
+)
+RESULT_TAMPERS = pytest.mark.parametrize(
+    "tamper", [_replaced_result, _result_not_json], ids=["other_json", "not_json"]
 )
 
 
@@ -78,6 +87,13 @@ def _assert_degraded(receipt: dict[str, Any]) -> None:
     assert receipt["evidence_status"] == "PENDING"
 
 
+def _assert_no_result(receipt: dict[str, Any]) -> None:
+    """evidence_degraded with no result: neither a success nor an unresolved call."""
+    assert receipt["journal_state"] == "evidence_degraded"
+    assert (receipt["result"], receipt["result_source"]) == (None, "none")
+    assert (receipt["dispatch_state"], receipt["evidence_status"]) == ("attempted", "PENDING")
+
+
 @TAMPERS
 async def test_a_materialized_receipt_is_not_served_once_the_record_disagrees(
     api: tuple[Store, httpx.AsyncClient, str], redis: Redis, tamper: Tamper
@@ -107,6 +123,40 @@ async def test_the_worker_materializes_a_disagreeing_record_as_degraded(
     stored = decode_receipt(await redis.hget(key, "receipt"))
     _assert_degraded(msgspec.to_builtins(stored))
     _assert_degraded(await _served(client, token))
+
+
+@RESULT_TAMPERS
+async def test_a_malformed_stored_result_is_served_as_no_result(
+    api: tuple[Store, httpx.AsyncClient, str], redis: Redis, tamper: Tamper
+) -> None:
+    """The worker stored a completed receipt; once the stored result is replaced by bytes
+    that are not the Completed event's (invalid JSON, or other valid JSON), the API serves
+    evidence_degraded with result null and source none, not the stored success and not
+    reconciliation_required."""
+    store, client, token = api
+    await ReceiptWorker(store, consumer="w").run(burst=True)
+    assert (await _served(client, token))["journal_state"] == "completed"
+
+    await tamper(redis, store)
+
+    _assert_no_result(await _served(client, token))
+
+
+@RESULT_TAMPERS
+async def test_the_worker_materializes_a_malformed_result_as_no_result(
+    api: tuple[Store, httpx.AsyncClient, str], redis: Redis, tamper: Tamper
+) -> None:
+    """Replaced before the worker sees it: the stored receipt has result null, source
+    none, evidence_degraded, and the API serves the same."""
+    store, client, token = api
+    await tamper(redis, store)
+
+    await ReceiptWorker(store, consumer="w").run(burst=True)
+
+    key = store.keys.receipt(RUN, invocation_id(RUN, "c1"))
+    stored = decode_receipt(await redis.hget(key, "receipt"))
+    _assert_no_result(msgspec.to_builtins(stored))
+    _assert_no_result(await _served(client, token))
 
 
 async def test_an_agreeing_materialized_receipt_is_still_served(

@@ -103,3 +103,23 @@ async def test_human_status_prints_tables_and_warnings(
     assert "no consumer groups yet" in out
     assert "memory used:" in out and "maxmemory-policy: noeviction" in out
     assert ("WARNING" in out) == (code == 1)
+
+
+async def test_status_shows_the_cost_settings_it_read(
+    redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A user allowed CONFIG GET sees each cost setting's value by its 7.x name (6.2's
+    ziplist names are read as their aliases), never ``unknown``, in JSON and in the table."""
+    expected = {}
+    for name, alias in (
+        ("stream-node-max-bytes", "stream-node-max-bytes"),
+        ("hash-max-listpack-value", "hash-max-ziplist-value"),
+        ("hash-max-listpack-entries", "hash-max-ziplist-entries"),
+    ):
+        expected[name] = (await redis.config_get(alias))[alias]
+    _, status = await status_json(capsys, redis_url, namespace)
+    assert status["server_settings"] == expected
+    assert "unknown" not in status["server_settings"].values()
+    assert not any("could not be read" in warning for warning in status["warnings"])
+    _, out, _ = await run_cli(capsys, redis_url, namespace, "status")
+    assert f"stream-node-max-bytes: {expected['stream-node-max-bytes']}" in out

@@ -239,15 +239,59 @@ def test_a_stored_result_not_json_gives_null() -> None:
 
 
 @pytest.mark.parametrize(
-    "stored", [b'{"answer": ', RESULT.replace(b"3", b"4")], ids=["truncated", "same_size"]
+    "stored",
+    [b'{"answer": ', b"not json at all", RESULT.replace(b"3", b"4"), b'{"answer":"forged"}', None],
+    ids=["truncated", "not_json", "same_size", "other_json", "missing"],
 )
 def test_a_stored_result_that_is_not_the_completed_one_is_evidence_degraded(
-    stored: bytes,
+    stored: bytes | None,
 ) -> None:
-    """Result bytes whose digest is not the one the Completed event recorded: the record
-    disagrees with its journal, so evidence_degraded and no success."""
+    """Result bytes whose digest is not the one the Completed event recorded (not JSON, or
+    other JSON), or no result at all: the record disagrees with its journal, so
+    evidence_degraded; the journal confirms completion but holds only the digest, so the
+    result is null (source none), never a success built from the bytes nor an unresolved
+    call."""
     fields, events = invocation(*READY)
-    fields["result"] = stored
+    if stored is None:
+        del fields["result"]
+    else:
+        fields["result"] = stored
+    r = receipt(fields, events)
+    assert r.journal_state == "evidence_degraded"
+    assert (r.result, r.result_source) == (None, "none")
+    assert (r.dispatch_state, r.evidence_status) == ("attempted", "PENDING")
+
+
+@pytest.mark.parametrize(
+    "field", ["result_sha256", "result_bytes"], ids=["recorded_digest", "recorded_size"]
+)
+def test_a_tampered_recorded_digest_is_still_unresolved(field: str) -> None:
+    """A record whose own digest or size fields no longer match the Completed event
+    disagrees with its journal beyond the stored bytes: reconciliation_required."""
+    fields, events = invocation(*READY)
+    fields[field] = b"0" * 64 if field == "result_sha256" else b"999"
+    r = receipt(fields, events)
+    assert r.journal_state == "evidence_degraded"
+    assert r.result is not None and r.result["state"] == "reconciliation_required"
+    assert r.result_source == "journal"
+
+
+def test_a_malformed_result_beside_another_disagreement_is_unresolved() -> None:
+    """A replaced result on a record that also disagrees otherwise (evidence upgraded by
+    hand) is not only a malformed result: reconciliation_required."""
+    fields, events = invocation(*READY, evidence=EvidenceStatus.NO_EVIDENCE)
+    fields["result"] = b"not json"
+    fields["evidence_status"] = b"EVIDENCE_FOUND"
+    r = receipt(fields, events)
+    assert r.journal_state == "evidence_degraded"
+    assert r.result is not None and r.result["state"] == "reconciliation_required"
+
+
+def test_a_result_added_to_an_error_record_is_unresolved() -> None:
+    """An ERROR record never stores a result: one written into it is a disagreement, not
+    a malformed result of a completed call."""
+    fields, events = invocation("Preflighted", "ProjectingStarted", "Failed")
+    fields["result"] = RESULT
     r = receipt(fields, events)
     assert r.journal_state == "evidence_degraded"
     assert r.result is not None and r.result["state"] == "reconciliation_required"
