@@ -88,6 +88,12 @@ def register(subparsers: Any) -> None:
         "(%(default)s)",
     )
     add_console_args(parser)
+    parser.add_argument(
+        "--secure-cookies",
+        action="store_true",
+        help="mark the console's login cookie Secure on every answer, also over plain HTTP "
+        "(behind a TLS proxy that sends no X-Forwarded-Proto); over HTTPS it always is",
+    )
     add_worker_args(parser)
     add_logging_args(parser)
     parser.set_defaults(handler=run)
@@ -116,7 +122,9 @@ async def _serve_on(args: argparse.Namespace, listener: socket.socket) -> None:
         if args.strict_durability:
             await store.check_durability("strict")
         metrics = Metrics()
-        console = console_app(store, args.operator_token, args.host)
+        console = console_app(
+            store, args.operator_token, args.host, secure_cookies=args.secure_cookies
+        )
         server = ReceiptServer(
             create_app(store, metrics=metrics, console=console),
             host=args.host,

@@ -1,21 +1,40 @@
 """The operator console: server-rendered pages under ``/console/`` (Jinja2, no scripts).
 
 Every page needs the operator token: a ``Authorization: Bearer <token>`` header, or the
-cookie the login form sets (HttpOnly, SameSite=Strict, Path=/console; a session of this
-process, never the token itself, :mod:`.auth`). Without either, a page answers 401 with
-``WWW-Authenticate: Bearer`` and the login form. Pages only read the store; the
-harness-only payloads of a call have their own page, reached by an explicit link.
+cookie the login form sets (a session of this process, never the token itself,
+:mod:`.auth`). The cookie is HttpOnly, SameSite=Strict, ``Path=/console/``, lives as long
+as the session, is named for this console instance (``canon_console_<random>``: browsers
+send a host's cookies to every port, and two consoles on one host never read each
+other's), and is ``Secure`` when the request came over HTTPS (as uvicorn reports it, also
+from a trusted proxy's ``X-Forwarded-Proto``) or when the console is told so. Without a
+credential a page answers 401 with ``WWW-Authenticate: Bearer`` and the login form.
+
+Failed token checks are limited per client address and overall (:class:`.LoginThrottle`):
+past the limit a token is not even checked, the answer is 429 with ``Retry-After``.
+
+Every change is a POST carrying the CSRF token of the login session (a hidden ``csrf``
+field, compared in constant time): without it, or with a wrong one, 403 and nothing
+changes. Today the only change is logging out. A form that cannot be read (too large, too
+many, repeated, unknown or missing fields, not UTF-8, not
+``application/x-www-form-urlencoded``) is 400 with one ``console_form_refused`` log line
+naming the reason, never what was posted.
+
+Pages only read the store; the harness-only payloads of a call have their own page,
+reached by an explicit link. No page grows with the store (:mod:`.views`), and every text
+shown goes through :func:`.views.visible`, so an id's bidi control is shown as an escape.
 Nothing a page shows is logged: a failure is logged by exception type only.
 """
 
 from __future__ import annotations
 
 import re
+import secrets
 from typing import Any, Final
-from urllib.parse import parse_qs, quote
+from urllib.parse import parse_qsl, quote
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
-from starlette.requests import Request
+from markupsafe import Markup
+from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
@@ -23,7 +42,7 @@ from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from machine.ids import is_invocation_id, is_run_id
 from projections.console import views
-from projections.console.auth import OperatorAuth
+from projections.console.auth import LoginThrottle, OperatorAuth, client_key, could_be_token
 from projections.console.timeline import LEGEND, duration_text
 from projections.http import CONSOLE_PREFIX, bearer_token
 from projections.receipts.builder import iso_ms
@@ -41,10 +60,16 @@ CONSOLE_ROUTES: Final = (
     "GET /console/runs/<run id>/invocations/<invocation id>",
     "GET /console/runs/<run id>/invocations/<invocation id>/payloads",
 )
-COOKIE: Final = "canon_console"
+#: Every console's cookie name starts so; the rest is chosen when the console starts.
+COOKIE_PREFIX: Final = "canon_console_"
+#: The runs page; also the cookie's path: the console's pages, nothing else the host serves.
+CONSOLE_HOME: Final = CONSOLE_PREFIX + "/"
 _RUN: Final = re.compile(r"/console/runs/([^/]+)")
 _CALL: Final = re.compile(r"/console/runs/([^/]+)/invocations/([^/]+)(/payloads)?")
+_PAGE_NUMBER: Final = re.compile(r"[1-9][0-9]{0,5}")
+_FORM_TYPE: Final = "application/x-www-form-urlencoded"
 _MAX_FORM_BYTES: Final = 4096
+_MAX_FORM_FIELDS: Final = 8
 _HEADERS: Final = {
     # No script, no frame, no outside resource: the pages are plain HTML and inline SVG.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
@@ -54,150 +79,346 @@ _HEADERS: Final = {
 }
 
 
+class FormRefused(InvalidArgument):
+    """Raised when a posted console form cannot be read; ``reason`` is what is logged."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(f"the form cannot be read ({reason})")
+        self.reason = reason
+
+
+def _shown(value: Any) -> Any:
+    """Every ``{{ }}`` of a page: text through :func:`.views.visible`, the rest as is."""
+    if isinstance(value, str) and not isinstance(value, Markup):
+        return views.visible(value)
+    return value
+
+
 def _environment() -> Environment:
     env = Environment(
         loader=PackageLoader("projections.console", "templates"),
         autoescape=select_autoescape(default=True),
         undefined=StrictUndefined,
+        finalize=_shown,
     )
     env.filters["iso"] = lambda ms: iso_ms(ms) if ms else "-"
     env.filters["duration"] = duration_text
     env.globals["legend"] = LEGEND
+    env.globals["events_shown"] = views.EVENTS_SHOWN
+    env.globals["detail_shown_chars"] = views.DETAIL_SHOWN_CHARS
     return env
 
 
 def _next_path(value: str | None) -> str:
     """Where a login goes on: a console page only (never another site or route)."""
-    if value and value.startswith(CONSOLE_PREFIX + "/") and "//" not in value and "\\" not in value:
+    if (
+        value
+        and value.startswith(CONSOLE_HOME)
+        and value.isascii()
+        and value.isprintable()
+        and "//" not in value
+        and "\\" not in value
+    ):
         return value
-    return CONSOLE_PREFIX + "/"
+    return CONSOLE_HOME
+
+
+def _page_number(request: Request) -> int | None:
+    """The run page's ``page`` (1 without one), or None when the query is not just that."""
+    query = request.query_params
+    if set(query) - {"page"}:
+        return None
+    values = query.getlist("page")
+    if not values:
+        return 1
+    if len(values) != 1 or _PAGE_NUMBER.fullmatch(values[0]) is None:
+        return None
+    return int(values[0])
+
+
+def _utf8_charset(parameters: str) -> bool:
+    """Tell whether a content type's parameters name no charset other than UTF-8."""
+    for parameter in parameters.split(";"):
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return True
+
+
+async def read_form(request: Request, allowed: frozenset[str]) -> dict[str, str]:
+    """Read an urlencoded form of at most 4 KiB, each of its fields in ``allowed``, once.
+
+    An empty body is an empty form, whatever its content type.
+
+    Raises:
+        FormRefused: the body is too large, not ``application/x-www-form-urlencoded``
+            (UTF-8), not UTF-8 once decoded, holds more than 8 fields, a field without
+            ``=``, a field twice or a field not allowed.
+
+    """
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > _MAX_FORM_BYTES:
+        raise FormRefused("too_large")
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > _MAX_FORM_BYTES:
+            raise FormRefused("too_large")
+    if not body:
+        return {}
+    media_type, _, parameters = request.headers.get("content-type", "").partition(";")
+    if media_type.strip().lower() != _FORM_TYPE or not _utf8_charset(parameters):
+        raise FormRefused("content_type")
+    try:
+        text = body.decode("utf-8")
+    except UnicodeDecodeError:
+        raise FormRefused("encoding") from None
+    if text.count("&") >= _MAX_FORM_FIELDS:
+        raise FormRefused("too_many_fields")
+    try:
+        pairs = parse_qsl(
+            text,
+            keep_blank_values=True,
+            strict_parsing=True,
+            errors="strict",
+            max_num_fields=_MAX_FORM_FIELDS,
+        )
+    except UnicodeDecodeError:
+        raise FormRefused("encoding") from None
+    except ValueError:
+        raise FormRefused("malformed") from None
+    form: dict[str, str] = {}
+    for name, value in pairs:
+        if name in form:
+            raise FormRefused("repeated_field")
+        if name not in allowed:
+            raise FormRefused("unknown_field")
+        form[name] = value
+    return form
+
+
+def _client(request: Request) -> str:
+    """The client's address (a trusted proxy's X-Forwarded-For, as uvicorn applies it)."""
+    return request.client.host if request.client is not None else ""
 
 
 class Console:
     """The console's ASGI app over one store, for one operator token."""
 
-    def __init__(self, store: Any, auth: OperatorAuth, *, secure_cookie: bool = False) -> None:
+    def __init__(
+        self,
+        store: Any,
+        auth: OperatorAuth,
+        *,
+        secure_cookie: bool = False,
+        cookie_name: str | None = None,
+        throttle: LoginThrottle | None = None,
+    ) -> None:
         """Serve ``store`` to whoever holds the token ``auth`` checks.
 
         Args:
             store: the store to read (a :class:`~eventstore.store.Store`).
             auth: the operator token and sessions.
-            secure_cookie: mark the login cookie ``Secure`` (behind HTTPS).
+            secure_cookie: mark the login cookie ``Secure`` on every answer, also over
+                plain HTTP (TLS ended by a proxy that does not say so); over HTTPS it
+                always is.
+            cookie_name: the login cookie's name (else ``canon_console_`` and a random
+                suffix chosen now).
+            throttle: the limit on failed logins (else a new one with the defaults).
 
         """
         self._store = store
         self._auth = auth
         self._secure = secure_cookie
+        self.cookie_name = cookie_name or COOKIE_PREFIX + secrets.token_hex(4)
+        self._throttle = throttle or LoginThrottle()
         self._env = _environment()
 
-    def _page(self, template: str, code: int = 200, **context: Any) -> Response:
-        html = self._env.get_template(template).render(**context)
+    def _cookie(self, request: Request) -> str | None:
+        return request.cookies.get(self.cookie_name)
+
+    def _page(self, request: Request, template: str, code: int = 200, **context: Any) -> Response:
+        csrf = self._auth.csrf_token(self._cookie(request))
+        html = self._env.get_template(template).render(csrf=csrf, **context)
         return HTMLResponse(html, status_code=code, headers=_HEADERS)
 
-    def _login(self, status: int, next_path: str, error: str | None = None) -> Response:
-        response = self._page("login.html", status, next_path=next_path, error=error)
+    def _login(
+        self, request: Request, status: int, next_path: str, error: str | None = None
+    ) -> Response:
+        response = self._page(request, "login.html", status, next_path=next_path, error=error)
         if status == 401:
             response.headers["WWW-Authenticate"] = 'Bearer realm="canon-console"'
         return response
 
-    def _error(self, status: int, message: str) -> Response:
-        return self._page("error.html", status, status=status, message=message)
+    def _error(self, request: Request, status: int, message: str) -> Response:
+        return self._page(request, "error.html", status, status=status, message=message)
 
-    def _authorized(self, request: Request) -> bool:
+    def _throttled(self, request: Request, wait_s: int, next_path: str | None = None) -> Response:
+        message = f"Too many failed logins: try again in {wait_s} s."
+        if next_path is None:
+            response = self._error(request, 429, message)
+        else:
+            response = self._login(request, 429, next_path, message)
+        response.headers["Retry-After"] = str(wait_s)
+        return response
+
+    def _failed(self, client: str) -> None:
+        """Count a failed token check; log once each time it leaves the client limited."""
+        self._throttle.failed(client)
+        wait_s = self._throttle.retry_after_s(client)
+        if wait_s:
+            log.warning("console_logins_limited", client=client_key(client), retry_after_s=wait_s)
+
+    def _refused(self, request: Request, refused: FormRefused) -> Response:
+        log.warning("console_form_refused", reason=refused.reason, route=request.scope["path"])
+        return self._error(request, 400, "That form could not be read: use the console's own.")
+
+    def _unauthorized(self, request: Request) -> Response | None:
+        """401 or 429 when the request holds no valid credential; None when it does."""
+        path: str = request.scope["path"]
         token = bearer_token(request)
-        if token is not None:
-            return self._auth.check_token(token)
-        return self._auth.check_session(request.cookies.get(COOKIE))
+        if token is None:
+            if self._auth.check_session(self._cookie(request)):
+                return None
+            return self._login(request, 401, _next_path(path))
+        # A value too short to be the token is no guess at it: refused, never counted.
+        if could_be_token(token):
+            client = _client(request)
+            wait_s = self._throttle.retry_after_s(client)
+            if wait_s:
+                return self._throttled(request, wait_s)
+            if self._auth.check_token(token):
+                return None
+            self._failed(client)
+        return self._login(request, 401, _next_path(path))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Answer one request under ``/console``."""
         request = Request(scope, receive)
         try:
             response = await self._answer(request)
+        except ClientDisconnect:
+            return  # nobody is left to answer
         except StoreUnavailable:
-            response = self._error(503, "The store is unavailable; try again.")
+            response = self._error(request, 503, "The store is unavailable; try again.")
         except Exception as exc:
             log.error("console_failed", error=type(exc).__name__)
-            response = self._error(500, "Something went wrong; the server log names it.")
+            response = self._error(request, 500, "Something went wrong; the server log names it.")
         await response(scope, receive, send)
 
-    async def _form(self, request: Request) -> dict[str, str]:
-        body = b""
-        async for chunk in request.stream():
-            body += chunk
-            if len(body) > _MAX_FORM_BYTES:
-                return {}
-        fields = parse_qs(body.decode("utf-8", "replace"), max_num_fields=8)
-        return {name: values[0] for name, values in fields.items()}
-
-    async def _log_in(self, request: Request) -> Response:
-        form = await self._form(request)
-        next_path = _next_path(form.get("next"))
-        if not self._auth.check_token(form.get("token")):
-            return self._login(401, next_path, "That is not the operator token.")
-        response = RedirectResponse(next_path, status_code=303, headers=_HEADERS)
+    def _set_cookie(self, request: Request, response: Response, value: str, max_age: int) -> None:
         response.set_cookie(
-            COOKIE,
-            self._auth.start_session(),
+            self.cookie_name,
+            value,
+            max_age=max_age,
+            path=CONSOLE_HOME,
+            secure=self._secure or request.scope.get("scheme") == "https",
             httponly=True,
             samesite="strict",
-            path=CONSOLE_PREFIX,
-            secure=self._secure,
         )
+
+    async def _log_in(self, request: Request) -> Response:
+        client = _client(request)
+        wait_s = self._throttle.retry_after_s(client)
+        if wait_s:
+            return self._throttled(request, wait_s, CONSOLE_HOME)
+        try:
+            form = await read_form(request, frozenset({"token", "next"}))
+            if "token" not in form:
+                raise FormRefused("missing_field")
+        except FormRefused as refused:
+            return self._refused(request, refused)
+        next_path = _next_path(form.get("next"))
+        token = form["token"]
+        if not self._auth.check_token(token):
+            if could_be_token(token):
+                self._failed(client)
+            return self._login(request, 401, next_path, "That is not the operator token.")
+        response = RedirectResponse(next_path, status_code=303, headers=_HEADERS)
+        session = self._auth.start_session()
+        self._set_cookie(request, response, session, max(int(self._auth.session_ttl_s), 0))
+        return response
+
+    async def _log_out(self, request: Request) -> Response:
+        try:
+            form = await read_form(request, frozenset({"csrf"}))
+        except FormRefused as refused:
+            return self._refused(request, refused)
+        cookie = self._cookie(request)
+        if not self._auth.check_csrf(cookie, form.get("csrf")):
+            log.warning("console_change_refused", reason="csrf", route=request.scope["path"])
+            return self._error(
+                request, 403, "Refused: a change needs your login session's form token."
+            )
+        self._auth.end_session(cookie)
+        response = RedirectResponse("/console/login", status_code=303, headers=_HEADERS)
+        self._set_cookie(request, response, "", 0)
         return response
 
     async def _answer(self, request: Request) -> Response:
         path: str = request.scope["path"]
         method = request.method
         if path == CONSOLE_PREFIX:
-            return RedirectResponse(CONSOLE_PREFIX + "/", status_code=307, headers=_HEADERS)
+            return RedirectResponse(CONSOLE_HOME, status_code=307, headers=_HEADERS)
         if path == "/console/login":
             if method == "POST":
                 return await self._log_in(request)
             if method == "GET":
-                return self._login(200, _next_path(request.query_params.get("next")))
-            return self._error(405, "Method not allowed.")
-        if not self._authorized(request):
-            return self._login(401, _next_path(path))
-        if path == "/console/logout" and method == "POST":
-            self._auth.end_session(request.cookies.get(COOKIE))
-            response = RedirectResponse("/console/login", status_code=303, headers=_HEADERS)
-            response.delete_cookie(COOKIE, path=CONSOLE_PREFIX)
+                return self._login(request, 200, _next_path(request.query_params.get("next")))
+            return self._error(request, 405, "Method not allowed.")
+        denied = self._unauthorized(request)
+        if denied is not None:
+            return denied
+        if path == "/console/logout":
+            if method == "POST":
+                return await self._log_out(request)
+            response = self._error(request, 405, "Log out with the console's button (a POST).")
+            response.headers["Allow"] = "POST"
             return response
         if method != "GET":
-            return self._error(405, "Method not allowed: the console only reads.")
+            return self._error(request, 405, "Method not allowed: the console only reads.")
         query = request.query_params
-        if path == "/console/":
+        if path == CONSOLE_HOME:
             if set(query) - {"cursor"}:
-                return self._error(400, "The runs page takes only a cursor.")
+                return self._error(request, 400, "The runs page takes only a cursor.")
             try:
                 page = await views.runs_page(self._store, query.get("cursor"))
             except InvalidArgument:
-                return self._error(400, "That cursor is not one a page of runs ended with.")
-            return self._page("runs.html", page=page, quote=quote)
-        if query:
-            return self._error(400, "This page takes no query parameters.")
-        return await self._run_pages(path)
+                return self._error(
+                    request, 400, "That cursor is not one a page of runs ended with."
+                )
+            return self._page(request, "runs.html", page=page, quote=quote)
+        if _RUN.fullmatch(path) is None and query:
+            return self._error(request, 400, "This page takes no query parameters.")
+        return await self._run_pages(request, path)
 
-    async def _run_pages(self, path: str) -> Response:
+    async def _run_pages(self, request: Request, path: str) -> Response:
         run_match, call_match = _RUN.fullmatch(path), _CALL.fullmatch(path)
         if run_match is not None:
             run_id = run_match.group(1)
-            view = await views.run_page(self._store, run_id) if is_run_id(run_id) else None
+            number = _page_number(request)
+            if number is None:
+                return self._error(request, 400, "The run page takes only a page number.")
+            view = await views.run_page(self._store, run_id, number) if is_run_id(run_id) else None
             if view is None:
-                return self._error(404, "No such run (it may have expired).")
-            return self._page("run.html", view=view)
+                return self._error(request, 404, "No such run or page (it may have expired).")
+            return self._page(request, "run.html", view=view)
         if call_match is None:
-            return self._error(404, "No such page.")
+            return self._error(request, 404, "No such page.")
         run_id, inv_id, payloads = call_match.groups()
         if not (is_run_id(run_id) and is_invocation_id(inv_id)):
-            return self._error(404, "No such invocation.")
+            return self._error(request, 404, "No such invocation.")
         if payloads:
             found = await views.payloads_page(self._store, run_id, inv_id)
             if found is None:
-                return self._error(404, "No such invocation (it may have expired).")
-            return self._page("payloads.html", run_id=run_id, call=found[0], payloads=found[1])
+                return self._error(request, 404, "No such invocation (it may have expired).")
+            return self._page(
+                request, "payloads.html", run_id=run_id, call=found[0], payloads=found[1]
+            )
         invocation = await views.invocation_page(self._store, run_id, inv_id)
         if invocation is None:
-            return self._error(404, "No such invocation (it may have expired).")
-        return self._page("invocation.html", view=invocation)
+            return self._error(request, 404, "No such invocation (it may have expired).")
+        return self._page(request, "invocation.html", view=invocation)

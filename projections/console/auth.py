@@ -1,19 +1,28 @@
-"""The operator's credentials: one token, kept hashed, and the login sessions of the process.
+"""The operator's credentials: one token kept hashed, login sessions, a limit on failures.
 
-The token is stored only as its SHA-256 digest and compared in constant time
-(:func:`hmac.compare_digest`). A login starts a session: a random id kept in this
-process's memory, handed to the browser as ``<id>.<HMAC of the id>`` under a key that
-never leaves the process. The cookie is never the token, a restarted server forgets
-every session, and a forged or ended session is refused.
+The token is at least :data:`MIN_TOKEN_BYTES` long, stored only as its SHA-256 digest and
+compared in constant time (:func:`hmac.compare_digest`). A login starts a session: a
+random id kept in this process's memory, handed to the browser as ``<id>.<HMAC of the
+id>`` under a key that never leaves the process. The cookie is never the token, a
+restarted server forgets every session, and a forged or ended session is refused. Each
+session has its CSRF token (another HMAC of its id), which every state-changing form
+carries and which is compared in constant time.
+
+:class:`LoginThrottle` counts failed token checks (the login form and Bearer headers
+alike) in two token buckets, one per client address and one for all clients: an empty
+bucket refuses every token check, right or wrong, until it refills, and says when.
 """
 
 from __future__ import annotations
 
 import hashlib
 import hmac
+import ipaddress
+import math
 import secrets
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from typing import Final
 
 from eventstore.errors import InvalidArgument
@@ -22,11 +31,56 @@ from eventstore.errors import InvalidArgument
 SESSION_TTL_S: Final = 12 * 3600.0
 #: Sessions kept at most; past it the oldest is forgotten.
 MAX_SESSIONS: Final = 256
+#: The shortest operator token accepted, in UTF-8 bytes.
+MIN_TOKEN_BYTES: Final = 16
+#: Failed logins one client address may make in a burst, and the seconds that give one back.
+CLIENT_BURST: Final = 10
+CLIENT_REFILL_S: Final = 6.0
+#: Failed logins all clients together may make in a burst, and the seconds that give one back.
+OVERALL_BURST: Final = 100
+OVERALL_REFILL_S: Final = 1.0
+#: Client addresses whose failures are remembered; past it the one seen longest ago goes.
+MAX_CLIENTS: Final = 4096
 _MAX_TOKEN_CHARS: Final = 512
+_MAX_CLIENT_CHARS: Final = 64
 
 
 def _digest(token: str) -> bytes:
     return hashlib.sha256(token.encode("utf-8", "surrogatepass")).digest()
+
+
+def check_operator_token(token: str) -> None:
+    """Check that ``token`` may be the operator token.
+
+    Raises:
+        InvalidArgument: the token is under 16 UTF-8 bytes, longer than 512 characters,
+            or holds whitespace or control characters (the message never shows it).
+
+    """
+    if (
+        len(token) > _MAX_TOKEN_CHARS
+        or not token.isprintable()
+        or " " in token
+        or len(token.encode("utf-8", "surrogatepass")) < MIN_TOKEN_BYTES
+    ):
+        raise InvalidArgument(
+            f"the operator token must be at least {MIN_TOKEN_BYTES} bytes and at most "
+            f"{_MAX_TOKEN_CHARS} printable characters without spaces "
+            "(make one with: head -c 24 /dev/urandom | base64)"
+        )
+
+
+def could_be_token(value: str) -> bool:
+    """Tell whether ``value`` is long enough to be an operator token (so a guess at it)."""
+    size = len(value.encode("utf-8", "surrogatepass"))
+    return size >= MIN_TOKEN_BYTES and len(value) <= _MAX_TOKEN_CHARS
+
+
+def _same(left: str, right: str) -> bool:
+    """Constant-time equality of two strings (bytes, so non-ASCII input is no error)."""
+    return hmac.compare_digest(
+        left.encode("utf-8", "surrogatepass"), right.encode("utf-8", "surrogatepass")
+    )
 
 
 class OperatorAuth:
@@ -36,14 +90,11 @@ class OperatorAuth:
         """Keep ``token`` hashed.
 
         Raises:
-            InvalidArgument: the token is empty, longer than 512 characters, or holds
-                whitespace or control characters.
+            InvalidArgument: the token is under 16 bytes, longer than 512 characters, or
+                holds whitespace or control characters (:func:`check_operator_token`).
 
         """
-        if not token or len(token) > _MAX_TOKEN_CHARS or not token.isprintable() or " " in token:
-            raise InvalidArgument(
-                "the operator token must be 1 to 512 printable characters without spaces"
-            )
+        check_operator_token(token)
         self._token_sha256 = _digest(token)
         self._key = secrets.token_bytes(32)
         self._ttl_s = session_ttl_s
@@ -51,6 +102,11 @@ class OperatorAuth:
 
     def __repr__(self) -> str:
         return "OperatorAuth(<token hidden>)"
+
+    @property
+    def session_ttl_s(self) -> float:
+        """How long a login lasts, in seconds."""
+        return self._ttl_s
 
     def check_token(self, token: str | None) -> bool:
         """Tell whether ``token`` is the operator token (constant-time comparison)."""
@@ -61,6 +117,10 @@ class OperatorAuth:
     def _mac(self, session_id: str) -> str:
         return hmac.new(self._key, session_id.encode(), hashlib.sha256).hexdigest()
 
+    def _csrf(self, session_id: str) -> str:
+        # Another message under the same key: never equal to the cookie's MAC.
+        return hmac.new(self._key, b"csrf\0" + session_id.encode(), hashlib.sha256).hexdigest()
+
     def start_session(self) -> str:
         """Start a session; return the cookie value that names it."""
         session_id = secrets.token_urlsafe(24)
@@ -70,10 +130,10 @@ class OperatorAuth:
         return f"{session_id}.{self._mac(session_id)}"
 
     def _session_id(self, cookie: str | None) -> str | None:
-        if not cookie or len(cookie) > 200:
+        if not cookie or len(cookie) > 200 or not cookie.isascii():
             return None
         session_id, _, mac = cookie.partition(".")
-        if not hmac.compare_digest(mac.encode(), self._mac(session_id).encode()):
+        if not _same(mac, self._mac(session_id)):
             return None
         expires = self._sessions.get(session_id)
         if expires is None:
@@ -92,3 +152,94 @@ class OperatorAuth:
         session_id = self._session_id(cookie)
         if session_id is not None:
             del self._sessions[session_id]
+
+    def csrf_token(self, cookie: str | None) -> str | None:
+        """The CSRF token of the live session the cookie names, or None."""
+        session_id = self._session_id(cookie)
+        return None if session_id is None else self._csrf(session_id)
+
+    def check_csrf(self, cookie: str | None, token: str | None) -> bool:
+        """Tell whether ``token`` is the CSRF token of the cookie's live session.
+
+        The comparison takes constant time.
+        """
+        expected = self.csrf_token(cookie)
+        return expected is not None and token is not None and _same(token, expected)
+
+
+def client_key(host: str | None) -> str:
+    """Whose allowance a client address uses.
+
+    The address; an IPv6 address's /64 (one host often holds a whole /64); ``unknown``
+    without one.
+    """
+    if not host:
+        return "unknown"
+    try:
+        address = ipaddress.ip_address(host)
+    except ValueError:
+        return host[:_MAX_CLIENT_CHARS]
+    if address.version == 6:
+        return str(ipaddress.ip_network(f"{address}/64", strict=False))
+    return str(address)
+
+
+class _Bucket:
+    """A token bucket: ``burst`` tokens at most, one given back every ``refill_s``."""
+
+    __slots__ = ("burst", "refill_s", "tokens", "updated")
+
+    def __init__(self, burst: int, refill_s: float, now: float) -> None:
+        self.burst, self.refill_s = burst, refill_s
+        self.tokens, self.updated = float(burst), now
+
+    def wait_s(self, now: float) -> float:
+        """Refill up to ``now``; the seconds until one token is there (0: one is)."""
+        self.tokens = min(self.burst, self.tokens + (now - self.updated) / self.refill_s)
+        self.updated = now
+        return 0.0 if self.tokens >= 1 else (1 - self.tokens) * self.refill_s
+
+    def take(self, now: float) -> None:
+        self.wait_s(now)
+        self.tokens = max(self.tokens - 1, 0.0)
+
+
+class LoginThrottle:
+    """Limits failed operator-token checks per client address and for all clients together.
+
+    Only failures take from the buckets, so an operator who types the token right is never
+    slowed down unless someone else's failures emptied a bucket first. Memory is bounded:
+    at most :data:`MAX_CLIENTS` addresses are remembered.
+    """
+
+    def __init__(self, *, clock: Callable[[], float] = time.monotonic) -> None:
+        """Start with full buckets, timed by ``clock`` (seconds, monotonic)."""
+        self._clock = clock
+        self._overall = _Bucket(OVERALL_BURST, OVERALL_REFILL_S, clock())
+        self._clients: OrderedDict[str, _Bucket] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"LoginThrottle(clients={len(self._clients)})"
+
+    def __len__(self) -> int:
+        """How many client addresses are remembered."""
+        return len(self._clients)
+
+    def retry_after_s(self, client: str) -> int:
+        """Whole seconds until ``client`` may try a token again; 0 when it may now."""
+        now = self._clock()
+        wait = self._overall.wait_s(now)
+        bucket = self._clients.get(client_key(client))
+        if bucket is not None:
+            wait = max(wait, bucket.wait_s(now))
+        return math.ceil(wait)
+
+    def failed(self, client: str) -> None:
+        """Count one failed token check of ``client``."""
+        now, key = self._clock(), client_key(client)
+        self._overall.take(now)
+        bucket = self._clients.pop(key, None) or _Bucket(CLIENT_BURST, CLIENT_REFILL_S, now)
+        bucket.take(now)
+        self._clients[key] = bucket
+        while len(self._clients) > MAX_CLIENTS:
+            self._clients.popitem(last=False)

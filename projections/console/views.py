@@ -3,11 +3,17 @@
 The invocation page reads the record's ``failure_detail`` field (compact JSON: type,
 message, traceback, cut_bytes) when the store kept one; the payloads (request, raw
 response, agent result) are read only for the page that shows them on request.
+
+No page grows with what is stored: a run page shows :data:`CALLS_PER_PAGE` calls (table
+and timeline) and links to the next; a payload, a failure detail's text and a call's
+events are cut at fixed sizes, saying so. Text the console did not write is shown
+through :func:`visible`, so a bidirectional control in an id reads as its escape
+instead of reordering the page.
 """
 
 from __future__ import annotations
 
-from typing import Any, cast
+from typing import Any, Final, cast
 
 import msgspec
 
@@ -31,14 +37,61 @@ from projections.receipts.inspection import (
 FAILURE_DETAIL_FIELD = "failure_detail"
 #: Stands for the receipt's result on the invocation page.
 RESULT_ELIDED = "(the agent result: see the harness-only payload page)"
+#: Calls one run page shows (its table and its timeline), oldest first.
+CALLS_PER_PAGE: Final = 200
+#: Bytes of each payload the payloads page shows; the rest is in ``canon export``.
+PAYLOAD_SHOWN_BYTES: Final = 64 * 1024
+#: Characters of each failure detail text (message, traceback) the call's page shows.
+DETAIL_SHOWN_CHARS: Final = 32 * 1024
+#: Events of one call its page lists (a journal holds a handful; a damaged one may not).
+EVENTS_SHOWN: Final = 100
+# Line breaks and tabs lay out tracebacks and payloads; every other character that is not
+# printable (controls, bidi and other format characters, separators, private use,
+# unassigned) is shown as its escape.
+_LAYOUT: Final = str.maketrans("", "", "\n\t")
+
+
+def visible(text: str) -> str:
+    r"""``text`` with every invisible or direction-changing character shown as an escape.
+
+    ``call<U+202E>txt.exe`` (a right-to-left override that would display the id as
+    ``callexe.txt``) is shown as ``call\u202etxt.exe``. Line breaks and tabs stay;
+    letters of either direction stay as written.
+    """
+    if text.translate(_LAYOUT).isprintable():
+        return text
+    return "".join(
+        ch
+        if ch.isprintable() or ch in "\n\t"
+        else f"\\u{ord(ch):04x}"
+        if ord(ch) <= 0xFFFF
+        else f"\\U{ord(ch):08x}"
+        for ch in text
+    )
+
+
+def cut_text(text: str, limit: int) -> tuple[str, int | None]:
+    """``text`` cut to ``limit`` characters, and its whole length when it was cut."""
+    return (text, None) if len(text) <= limit else (text[:limit], len(text))
+
+
+class CallsPage(msgspec.Struct, frozen=True, kw_only=True):
+    """Which calls of the run one run page shows: ``first``-``last`` (from 1) of ``total``."""
+
+    number: int
+    count: int
+    first: int
+    last: int
+    total: int
 
 
 class RunView(msgspec.Struct, frozen=True, kw_only=True):
-    """The run page: the run, its timeline and its calls."""
+    """The run page: the run, the timeline of this page's calls, and those calls."""
 
     run: RunSummary
     timeline: Timeline
     calls: list[CallRow]
+    page: CallsPage
 
 
 class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -49,6 +102,8 @@ class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
     traceback: str | None = None
     cut_bytes: int | None = None
     raw: str | None = None
+    #: The whole length in characters of a text shown cut (message, traceback or raw).
+    shown_cut: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class InvocationView(msgspec.Struct, frozen=True, kw_only=True):
@@ -63,11 +118,15 @@ class InvocationView(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class Payload(msgspec.Struct, frozen=True, kw_only=True):
-    """One harness-only payload as shown: its name, size and text (None: not stored)."""
+    """One harness-only payload as shown: its name, size and text (None: not stored).
+
+    ``shown_bytes`` is how much of it the text holds when it was cut.
+    """
 
     name: str
     size: int | None
     text: str | None
+    shown_bytes: int | None = None
 
 
 async def runs_page(store: Store, cursor: str | None, limit: int = 25) -> RunPage:
@@ -92,13 +151,31 @@ def _summary(info: RunInfo, calls: list[CallRow]) -> RunSummary:
     )
 
 
-async def run_page(store: Store, run_id: str) -> RunView | None:
-    """The run page, or None when the run is unknown or expired."""
+async def run_page(store: Store, run_id: str, page: int = 1) -> RunView | None:
+    """Page ``page`` (from 1) of the run's calls, or None.
+
+    None when the run is unknown or expired or has no such page (the first always exists).
+    """
     info = await store.runs.info(run_id)
     if info is None:
         return None
     calls = await run_calls(store, run_id)
-    return RunView(run=_summary(info, calls), timeline=layout(calls, now_ms()), calls=calls)
+    start = (page - 1) * CALLS_PER_PAGE
+    if page < 1 or (page > 1 and start >= len(calls)):
+        return None
+    shown = calls[start : start + CALLS_PER_PAGE]
+    return RunView(
+        run=_summary(info, calls),
+        timeline=layout(shown, now_ms()),
+        calls=shown,
+        page=CallsPage(
+            number=page,
+            count=max(-(-len(calls) // CALLS_PER_PAGE), 1),
+            first=start + 1,
+            last=start + len(shown),
+            total=len(calls),
+        ),
+    )
 
 
 async def _call(store: Store, run_id: str, invocation_id: str) -> CallRow | None:
@@ -116,15 +193,28 @@ def parse_failure_detail(value: bytes) -> FailureDetail:
         document = msgspec.json.decode(value)
     except msgspec.DecodeError:
         document = None
+    shown_cut: dict[str, int] = {}
+
+    def shown(name: str, text: object) -> str | None:
+        if text is None:
+            return None
+        kept, whole = cut_text(str(text), DETAIL_SHOWN_CHARS)
+        if whole is not None:
+            shown_cut[name] = whole
+        return kept
+
     if not isinstance(document, dict):
-        return FailureDetail(raw=value.decode("utf-8", "replace"))
+        return FailureDetail(
+            raw=shown("raw", value.decode("utf-8", "replace")), shown_cut=shown_cut
+        )
     get = cast(dict[str, Any], document).get
     cut = get("cut_bytes")
     return FailureDetail(
-        type=str(get("type")) if get("type") is not None else None,
-        message=str(get("message")) if get("message") is not None else None,
-        traceback=str(get("traceback")) if get("traceback") is not None else None,
+        type=shown("type", get("type")),
+        message=shown("message", get("message")),
+        traceback=shown("traceback", get("traceback")),
         cut_bytes=cut if isinstance(cut, int) else None,
+        shown_cut=shown_cut,
     )
 
 
@@ -166,7 +256,14 @@ async def invocation_page(store: Store, run_id: str, invocation_id: str) -> Invo
 def _payload(name: str, data: bytes | None) -> Payload:
     if data is None:
         return Payload(name=name, size=None, text=None)
-    return Payload(name=name, size=len(data), text=data.decode("utf-8", "replace"))
+    # Cut at a byte count; a character split there shows as one replacement character.
+    shown = data[:PAYLOAD_SHOWN_BYTES]
+    return Payload(
+        name=name,
+        size=len(data),
+        text=shown.decode("utf-8", "replace"),
+        shown_bytes=len(shown) if len(shown) < len(data) else None,
+    )
 
 
 async def payloads_page(

@@ -18,9 +18,11 @@ from tests.support.console_run import (
     FAILED_CALL,
     OPERATOR_TOKEN,
     RUN,
+    csrf_of,
     failed_invocation,
     populate,
     serving,
+    session_cookie,
 )
 
 pytestmark = pytest.mark.backends("single", "cluster")
@@ -105,7 +107,7 @@ async def test_every_page_needs_the_token_and_challenges_for_a_bearer(make_store
 
 
 async def test_login_sets_a_strict_httponly_cookie_that_is_not_the_token(make_store: Any) -> None:
-    """The form logs in with a session cookie (HttpOnly, SameSite=Strict, Path=/console)
+    """The form logs in with a session cookie (HttpOnly, SameSite=Strict, Path=/console/)
     that opens the pages; a wrong token is refused; logging out ends the session."""
     store: Store = make_store(shards=2)
     await populate(store)
@@ -120,22 +122,24 @@ async def test_login_sets_a_strict_httponly_cookie_that_is_not_the_token(make_st
         assert response.headers["location"] == f"/console/runs/{RUN}"
         cookie = response.headers["set-cookie"]
         assert re.search(r"(?i)httponly", cookie) and re.search(r"(?i)samesite=strict", cookie)
-        assert "Path=/console" in cookie
-        value = cookie.split(";", 1)[0].split("=", 1)[1]
+        assert "Path=/console/" in cookie
+        name, value = session_cookie(response)
         client.cookies.clear()  # each request below names its own cookie
         assert OPERATOR_TOKEN not in value and value
-        page = await client.get(
-            f"/console/runs/{RUN}", headers={"Cookie": f"canon_console={value}"}
-        )
+        page = await client.get(f"/console/runs/{RUN}", headers={"Cookie": f"{name}={value}"})
         assert page.status_code == 200 and "<rect" in page.text
         # One hex digit of the MAC changed (never to itself: "00" was already the last two
         # digits of one MAC in 256, and the "forged" cookie was then the real one).
         forged_value = value[:-1] + ("1" if value.endswith("0") else "0")
-        forged = await client.get("/console/", headers={"Cookie": f"canon_console={forged_value}"})
+        forged = await client.get("/console/", headers={"Cookie": f"{name}={forged_value}"})
         assert forged.status_code == 401
-        out = await client.post("/console/logout", headers={"Cookie": f"canon_console={value}"})
+        out = await client.post(
+            "/console/logout",
+            headers={"Cookie": f"{name}={value}"},
+            data={"csrf": csrf_of(page.text)},
+        )
         assert out.status_code == 303
-        again = await client.get("/console/", headers={"Cookie": f"canon_console={value}"})
+        again = await client.get("/console/", headers={"Cookie": f"{name}={value}"})
         assert again.status_code == 401
         away = await client.post(
             "/console/login", data={"token": OPERATOR_TOKEN, "next": "//evil.example/"}

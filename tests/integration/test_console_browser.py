@@ -1,6 +1,6 @@
 """The console in a real headless browser (Debian's chromium through chromedriver): log in,
-open a run and see its bars, open the failed call and read its failure detail; screenshots
-are written as test artifacts (``.artifacts/console/``, their paths printed).
+open a run and see its bars, open the failed call and read its failure detail, log out;
+screenshots are written as test artifacts (``.artifacts/console/``, their paths printed).
 
 The browser is required, never skipped: without it the test fails naming the install
 command (``scripts/test.sh`` installs it as it installs redis-server).
@@ -81,8 +81,9 @@ def browse(driver: webdriver.Chrome, base: str) -> list[pathlib.Path]:
     token.send_keys(OPERATOR_TOKEN)
     driver.find_element(By.ID, "login").click()
     wait.until(lambda d: d.find_elements(By.ID, "runs"))
-    cookie = driver.get_cookie("canon_console")
-    assert cookie is not None and cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    (cookie,) = [c for c in driver.get_cookies() if c["name"].startswith("canon_console_")]
+    assert cookie["httpOnly"] and cookie["sameSite"] == "Strict"
+    assert cookie["path"] == "/console/" and not cookie["secure"]  # plain HTTP
     assert OPERATOR_TOKEN not in cookie["value"]
     shots = [screenshot(driver, "runs")]
     driver.find_element(By.LINK_TEXT, RUN).click()
@@ -100,13 +101,20 @@ def browse(driver: webdriver.Chrome, base: str) -> list[pathlib.Path]:
     shots.append(screenshot(driver, "failed-call"))
     driver.find_element(By.ID, "show-payloads").click()
     wait.until(lambda d: "REQUEST-PAYLOAD-MARKER" in d.page_source)
+    # Logging out is a POST carrying the page's CSRF token: it ends the session.
+    driver.find_element(By.CSS_SELECTOR, "header form button").click()
+    wait.until(lambda d: d.find_elements(By.ID, "token"))
+    assert not [c for c in driver.get_cookies() if c["name"].startswith("canon_console_")]
+    driver.get(f"{base}/console/")
+    wait.until(lambda d: d.find_elements(By.ID, "token"))  # logged out: the login form
     return shots
 
 
 async def test_an_operator_finds_the_failed_call_and_why(
     make_store: Any, browser: webdriver.Chrome
 ) -> None:
-    """Log in, open the run, see its bars, open the failed call, read its failure detail."""
+    """Log in, open the run, see its bars, open the failed call, read its failure detail,
+    log out with the page's button."""
     store: Store = make_store(shards=2)
     await populate(store)
     async with serving(store) as base:

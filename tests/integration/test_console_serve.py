@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 import httpx
+import pytest
 
 from eventstore.store import Store
 from tests.integration.test_http_serve import free_port, spawn, until
@@ -101,3 +102,53 @@ async def test_a_host_beyond_loopback_is_a_loud_warning(
     await stop(process)
     log = output.read_text()
     assert "console_exposed" in log and "REACHABLE BEYOND THIS MACHINE" in log
+
+
+@pytest.mark.parametrize("where", ["file", "environment"])
+async def test_a_short_operator_token_is_refused_at_start(
+    make_store: Any,
+    redis_url: str,
+    namespace: str,
+    spawn: Any,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    where: str,
+) -> None:
+    """A token under 16 bytes (from the file or $CANON_OPERATOR_TOKEN): exit 2 with one
+    ``canon: error:`` line that never shows the token, before anything listens."""
+    make_store(shards=2)
+    short = "Xq7-short-tok"
+    extra: list[str] = []
+    if where == "file":
+        token_file = tmp_path / "operator-token"
+        token_file.write_text(short + "\n")
+        extra.append(f"--operator-token-file={token_file}")
+    else:
+        monkeypatch.setenv("CANON_OPERATOR_TOKEN", short)
+    process, output = spawn(
+        "serve", f"--redis-url={redis_url}", f"--namespace={namespace}", "--port=0", *extra
+    )
+    assert await asyncio.to_thread(process.wait, 30) == 2
+    lines = output.read_text().splitlines()
+    errors = [line for line in lines if line.startswith("canon: error:")]
+    assert len(errors) == 1 and "at least 16 bytes" in errors[0], lines
+    assert short not in output.read_text() and "server_started" not in output.read_text()
+
+
+async def test_secure_cookies_flag_marks_the_cookie_secure_on_plain_http(
+    make_store: Any, redis_url: str, namespace: str, spawn: Any, tmp_path: Path
+) -> None:
+    """``--secure-cookies``: the login cookie is ``Secure`` even when the request came in
+    over plain HTTP (TLS ended by a proxy that does not say so)."""
+    make_store(shards=2)
+    token_file = tmp_path / "operator-token"
+    token_file.write_text(OPERATOR_TOKEN)
+    process, _, port = await serve_console(
+        spawn, redis_url, namespace, f"--operator-token-file={token_file}", "--secure-cookies"
+    )
+    async with httpx.AsyncClient(base_url=f"http://127.0.0.1:{port}") as client:
+        login = await client.post("/console/login", data={"token": OPERATOR_TOKEN})
+    await stop(process)
+    assert login.status_code == 303
+    cookie = login.headers["set-cookie"]
+    assert "; secure" in cookie.lower() and "path=/console/" in cookie.lower(), cookie

@@ -1,12 +1,15 @@
-"""A run for the console tests: READY calls, a failed call with a failure detail, one in flight."""
+"""A run for the console tests: READY calls, a failed call with a failure detail, one in flight;
+serving the console, and reading its login cookie and CSRF token from its answers."""
 
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from datetime import timedelta
 
+import httpx
 import msgspec
 
 from eventstore.store import Store
@@ -65,10 +68,28 @@ def failed_invocation() -> str:
     return invocation_id(RUN, FAILED_CALL)
 
 
+def session_cookie(response: httpx.Response) -> tuple[str, str]:
+    """The name and value of the login cookie a login answer sets."""
+    name, _, value = response.headers["set-cookie"].split(";", 1)[0].partition("=")
+    assert name.startswith("canon_console_") and value, response.headers["set-cookie"]
+    return name, value
+
+
+def csrf_of(html: str) -> str:
+    """The CSRF token a console page carries in its logout form."""
+    found = re.search(r'name="csrf" value="([^"]+)"', html)
+    assert found is not None, "the page has no CSRF field"
+    return found.group(1)
+
+
 @asynccontextmanager
-async def serving(store: Store, *, console: bool = True) -> AsyncIterator[str]:
-    """Serve the store's API (with the console unless told not to); yields the base URL."""
-    app = Console(store, OperatorAuth(OPERATOR_TOKEN)) if console else None
+async def serving(
+    store: Store, *, console: bool = True, app: Console | None = None
+) -> AsyncIterator[str]:
+    """Serve the store's API with the console (``app``, else one for OPERATOR_TOKEN; none
+    when ``console`` is false); yields the base URL."""
+    if app is None and console:
+        app = Console(store, OperatorAuth(OPERATOR_TOKEN))
     server = ReceiptServer(create_app(store, console=app))
     task = asyncio.create_task(server.serve())
     try:
