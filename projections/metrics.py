@@ -1,4 +1,4 @@
-"""Prometheus metrics of the projection workers and the receipt API.
+"""Prometheus metrics of the projection workers, the receipt API and tool boundaries.
 
 Each process entry builds one :class:`Metrics` on its own ``CollectorRegistry`` (never the
 global default), so tests and several apps in one process never collide.
@@ -8,8 +8,17 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, start_http_server
+
+
+class CountsStuckThreads(Protocol):
+    """A tool boundary (``ToolBoundary`` or ``SyncBoundary``): it counts its stuck threads."""
+
+    @property
+    def stuck_tool_threads(self) -> int:
+        """Tool threads still running a tool whose call stopped waiting for it."""
 
 
 class Metrics:
@@ -59,11 +68,29 @@ class Metrics:
             ["projection", "shard"],
             registry=self.registry,
         )
+        self.stuck_tool_threads = Gauge(
+            "canon_stuck_tool_threads",
+            "Tool threads still running a tool whose call ended (time limit passed or call "
+            "cancelled); when they fill a pool, plain tools are refused. By boundary.",
+            ["boundary"],
+            registry=self.registry,
+        )
         self.http_latency = Histogram(
             "canon_http_request_duration_seconds",
             "Receipt API request latency, by route and status code.",
             ["route", "status"],
             registry=self.registry,
+        )
+
+
+    def watch_boundary(self, boundary: CountsStuckThreads, name: str = "default") -> None:
+        """Report ``boundary``'s stuck tool threads as ``canon_stuck_tool_threads{boundary}``.
+
+        The count is read at each scrape, so a harness that serves these metrics (see
+        :func:`metrics_server`) shows how many of its tool threads are stuck right now.
+        """
+        self.stuck_tool_threads.labels(name).set_function(
+            lambda: float(boundary.stuck_tool_threads)
         )
 
 

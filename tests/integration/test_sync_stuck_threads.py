@@ -16,6 +16,7 @@ from eventstore import Projection, RunContext, SyncBoundary, SyncStore, ToolCall
 from eventstore.boundary.tool_threads import DEFAULT_EXECUTOR_THREADS, ToolThreadsExhausted
 from machine.codes import ErrorCode, Status
 from machine.failure_detail import decode_failure_detail
+from projections.metrics import Metrics
 from tests.support.calls import RUN, assert_safe_error, envelope, outcome
 
 #: The blocked tool's time limit: long enough for every blocked call to have started.
@@ -169,3 +170,31 @@ def test_the_default_executor_count_is_shared_by_the_stores_boundaries(
         blocked.release.set()
         wait_until(lambda: first.stuck_tool_threads == second.stuck_tool_threads == 0)
         assert outcome(timed_call(second, "after", "quick")[0]) == "READY"
+
+
+def test_metrics_show_the_stuck_threads_of_a_watched_boundary(
+    redis_url: str, namespace: str
+) -> None:
+    """``canon_stuck_tool_threads{boundary}`` reads the count at each scrape: 2 while two
+    tools are blocked past their limit, 0 once they return."""
+    blocked = BlockedTool()
+    metrics = Metrics()
+
+    def scraped() -> float | None:
+        return metrics.registry.get_sample_value("canon_stuck_tool_threads", {"boundary": "b"})
+
+    with (
+        no_thread_left(),
+        SyncStore.from_url(redis_url, namespace=namespace) as store,
+        released(blocked),
+    ):
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        boundary = SyncBoundary(store, tools(blocked), max_tool_threads=2)
+        metrics.watch_boundary(boundary, "b")
+        assert scraped() == 0
+
+        assert saturate(boundary, 2, "slow") == [ErrorCode.EXECUTION_FAILED.value] * 2
+        assert scraped() == 2
+
+        blocked.release.set()
+        wait_until(lambda: scraped() == 0)
