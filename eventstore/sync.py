@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import copy
 import functools
 import math
 import threading
@@ -34,7 +35,7 @@ from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
 from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
-from eventstore.boundary.tool_boundary import ToolBoundary
+from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
 from eventstore.boundary.tool_threads import DEFAULT_EXECUTOR_THREADS, shutdown_within
 from eventstore.errors import InvalidArgument, StoreClosed, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
@@ -435,6 +436,8 @@ class SyncBoundary:
     def __init__(self, store: SyncStore, tools: Mapping[str, ToolSpec], **options: Any) -> None:
         self._store = store
         self._closed = False
+        #: Whose calls these are: this boundary, or the one a view was made from.
+        self._owner: SyncBoundary = self
         self._boundary = store.call(
             _build(lambda: ToolBoundary(store.async_store, tools, **options))
         )
@@ -457,6 +460,23 @@ class SyncBoundary:
         """
         return self._boundary.stuck_tool_threads
 
+    def answering_duplicates(self, on_duplicate: OnDuplicate) -> SyncBoundary:
+        """This boundary, answering a used (run, tool call id) as ``on_duplicate`` says.
+
+        See :meth:`ToolBoundary.answering_duplicates`. The view's calls are this
+        boundary's: closing this boundary finishes or cancels them too.
+
+        Raises:
+            InvalidArgument: ``on_duplicate`` is not ``"refuse"`` or ``"replay"``.
+
+        """
+        inner = self._boundary.answering_duplicates(on_duplicate)
+        if inner is self._boundary:
+            return self
+        view = copy.copy(self)
+        view._boundary = inner
+        return view
+
     def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see; see ToolBoundary.invoke.
 
@@ -466,7 +486,7 @@ class SyncBoundary:
                 :meth:`SyncStore.close`).
 
         """
-        return self._store._run(self._boundary.invoke(ctx, envelope), self)
+        return self._store._run(self._boundary.invoke(ctx, envelope), self._owner)
 
     def invoke_all(self, ctx: RunContext, envelopes: Sequence[ToolEnvelope]) -> list[AgentReply]:
         """Run several calls (one model turn's) concurrently; replies in the calls' order.
@@ -476,7 +496,7 @@ class SyncBoundary:
                 calls ran and cancelled them (as for :meth:`invoke`).
 
         """
-        return self._store._run(_gather(self._boundary, ctx, envelopes), self)
+        return self._store._run(_gather(self._boundary, ctx, envelopes), self._owner)
 
     async def ainvoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Await one call from any event loop; it runs on the boundary's own loop.
@@ -490,7 +510,7 @@ class SyncBoundary:
             StoreClosed: as for :meth:`invoke`.
 
         """
-        call = self._store._submit(self._boundary.invoke(ctx, envelope), self)
+        call = self._store._submit(self._boundary.invoke(ctx, envelope), self._owner)
         waiting = asyncio.wrap_future(call.future)
         try:
             return await asyncio.shield(waiting)
@@ -515,6 +535,9 @@ class SyncBoundary:
             InvalidArgument: ``grace_s`` is not a finite number of seconds, 0 or more.
 
         """
+        if self._owner is not self:  # a view closes the boundary it was made from
+            self._owner.close(grace_s)
+            return
         grace_s = _checked_grace(grace_s)
         store = self._store
         with store._lock:

@@ -82,7 +82,6 @@ class Metrics:
             registry=self.registry,
         )
 
-
     def watch_boundary(self, boundary: CountsStuckThreads, name: str = "default") -> None:
         """Report ``boundary``'s stuck tool threads as ``canon_stuck_tool_threads{boundary}``.
 

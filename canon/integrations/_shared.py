@@ -1,26 +1,48 @@
-"""What every adapter needs: the extra's import, concurrent calls, and reply texts.
+"""What every adapter needs: the extra's import, concurrent calls, reply texts, schemas.
 
 Adapters turn one model turn's tool calls into :class:`~eventstore.ToolEnvelope`s, run
 them with :func:`invoke_all` (or :func:`invoke_all_sync` from threads), and turn each
 reply into the stack's tool-result shape with :func:`reply_content` and
-:func:`is_error`.
+:func:`is_error`. What the model is told about a tool comes from its
+:class:`~eventstore.ToolSpec` (:func:`tool_schemas`), so a schema is written once.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from types import ModuleType
-from typing import Any, TypedDict
+from typing import Any, Final, Literal, TypedDict
 
 import msgspec
 
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolError
+from eventstore.boundary.contracts import (
+    AgentReply,
+    RunContext,
+    ToolEnvelope,
+    ToolError,
+    ToolSpec,
+)
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.sync import SyncBoundary
 
 _encoder = msgspec.json.Encoder()
+
+#: Either kind of boundary: async (``ToolBoundary``) or for threads (``SyncBoundary``).
+Boundary = ToolBoundary | SyncBoundary
+
+#: The arguments' schema shown for a ToolSpec that declares none: any JSON object.
+ANY_OBJECT: Final[Mapping[str, Any]] = {"type": "object"}
+
+#: What marks an error in a stack whose tool results are plain text (OpenAI): a result is
+#: always JSON text, which never starts with this, so the two cannot be confused.
+ERROR_PREFIX: Final = "Error: "
+
+_NEEDS_SYNC_BOUNDARY: Final = (
+    "a synchronous call needs a SyncBoundary (eventstore.SyncBoundary): "
+    "an async ToolBoundary belongs to its event loop"
+)
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -53,16 +75,32 @@ def arguments_or_empty(arguments: str | bytes | None) -> str | bytes:
 
 
 async def invoke_all(
-    boundary: ToolBoundary, ctx: RunContext, envelopes: Sequence[ToolEnvelope]
+    boundary: Boundary, ctx: RunContext, envelopes: Sequence[ToolEnvelope]
 ) -> list[AgentReply]:
-    """Run every call of one turn concurrently; the replies come in the calls' order."""
-    return list(await asyncio.gather(*(boundary.invoke(ctx, envelope) for envelope in envelopes)))
+    """Run every call of one turn concurrently; the replies come in the calls' order.
+
+    A ``ToolBoundary`` runs them on this loop (its store must belong to it); a
+    ``SyncBoundary`` runs them on its own loop while this one waits without blocking.
+    """
+    if isinstance(boundary, SyncBoundary):
+        calls = (boundary.ainvoke(ctx, envelope) for envelope in envelopes)
+    else:
+        calls = (boundary.invoke(ctx, envelope) for envelope in envelopes)
+    return list(await asyncio.gather(*calls))
 
 
 def invoke_all_sync(
-    boundary: SyncBoundary, ctx: RunContext, envelopes: Sequence[ToolEnvelope]
+    boundary: Boundary, ctx: RunContext, envelopes: Sequence[ToolEnvelope]
 ) -> list[AgentReply]:
-    """:func:`invoke_all` from a thread, on the boundary's own event loop."""
+    """:func:`invoke_all` from a thread, on a ``SyncBoundary``'s own event loop.
+
+    Raises:
+        TypeError: ``boundary`` is an async ``ToolBoundary``, which only the event loop of
+            its store may use; raised before any call is checked or recorded.
+
+    """
+    if not isinstance(boundary, SyncBoundary):
+        raise TypeError(_NEEDS_SYNC_BOUNDARY)
     return boundary.invoke_all(ctx, envelopes)
 
 
@@ -83,19 +121,76 @@ def reply_content(reply: AgentReply) -> str:
     return _encoder.encode(reply_payload(reply)).decode()
 
 
+def flagged_content(reply: AgentReply) -> str:
+    """The reply as a tool output for stacks with no error flag of their own (OpenAI).
+
+    A result is :func:`reply_content` unchanged; an error is :data:`ERROR_PREFIX` followed
+    by the safe error JSON (``Error: {"error_code": ..., "message": ...}``). Text that
+    starts with ``Error: `` is never JSON, so a tool whose own result looks like canon's
+    error (``{"error_code": ..., "message": ...}``) is still read as a result.
+    """
+    content = reply_content(reply)
+    return ERROR_PREFIX + content if is_error(reply) else content
+
+
 class ToolSchema(TypedDict):
     """How the model is told about one tool: what it does and its arguments' JSON Schema.
 
     The boundary's :class:`~eventstore.ToolSpec` says how a tool runs; this says how a
     framework presents it (the OpenAI function shape, which every stack accepts).
+    :func:`tool_schemas` derives it from the ToolSpec's ``description`` and
+    ``input_schema``, so each is written once.
     """
 
     description: str
     parameters: dict[str, Any]
 
 
+def tool_schema(tool: ToolSpec | ToolSchema) -> ToolSchema:
+    """The schema of one tool, from its ToolSpec (or a ToolSchema as given).
+
+    A ToolSpec's ``description`` and ``input_schema``; any JSON object when it declares
+    no schema, as the MCP listing shows it.
+    """
+    if isinstance(tool, ToolSpec):
+        return {
+            "description": tool.description,
+            "parameters": dict(tool.input_schema or ANY_OBJECT),
+        }
+    return tool
+
+
+def tool_schemas(tools: Mapping[str, ToolSpec | ToolSchema]) -> dict[str, ToolSchema]:
+    """:func:`tool_schema` of each tool, by name and in order.
+
+    Give the same ``{name: ToolSpec}`` mapping the boundary runs, and the model is shown
+    exactly the tools the boundary knows, described once, in the ToolSpecs.
+    """
+    return {name: tool_schema(tool) for name, tool in tools.items()}
+
+
+#: What a second call with a used (run, tool call id) gets: see ``ToolBoundary``; None
+#: leaves the boundary's own choice.
+OnDuplicate = Literal["refuse", "replay"] | None
+
+
+def with_duplicates(boundary: Boundary, on_duplicate: OnDuplicate) -> Boundary:
+    """``boundary`` answering duplicates as ``on_duplicate`` says (None: as it was built).
+
+    For stacks whose own resume sends the same calls again (LangGraph): the boundary's
+    view (``answering_duplicates``) shares its store, tools and threads.
+
+    Raises:
+        InvalidArgument: ``on_duplicate`` is not ``"refuse"``, ``"replay"`` or None.
+
+    """
+    if on_duplicate is None:
+        return boundary
+    return boundary.answering_duplicates(on_duplicate)
+
+
 async def invoke_awaiting(
-    boundary: ToolBoundary | SyncBoundary, ctx: RunContext, envelope: ToolEnvelope
+    boundary: Boundary, ctx: RunContext, envelope: ToolEnvelope
 ) -> AgentReply:
     """Await one call from a running event loop, on either kind of boundary.
 
@@ -108,9 +203,7 @@ async def invoke_awaiting(
     return await boundary.invoke(ctx, envelope)
 
 
-def invoke_blocking(
-    boundary: ToolBoundary | SyncBoundary, ctx: RunContext, envelope: ToolEnvelope
-) -> AgentReply:
+def invoke_blocking(boundary: Boundary, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
     """Run one call from a thread without a loop of its own: that needs a ``SyncBoundary``.
 
     Raises:
@@ -119,8 +212,5 @@ def invoke_blocking(
 
     """
     if not isinstance(boundary, SyncBoundary):
-        raise TypeError(
-            "a synchronous run needs a SyncBoundary (eventstore.SyncBoundary): "
-            "an async ToolBoundary belongs to its event loop"
-        )
+        raise TypeError(_NEEDS_SYNC_BOUNDARY)
     return boundary.invoke(ctx, envelope)

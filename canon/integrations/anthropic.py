@@ -16,6 +16,12 @@ Server-side blocks (``server_tool_use``, ``web_search_tool_result``, code execut
 were already answered by Anthropic's servers and are skipped, as are text and thinking
 blocks. A harness that may re-send a turn builds its boundary with
 ``on_duplicate="replay"``: a re-sent ``tool_use`` id gets its first reply again.
+
+:func:`tool_results` takes either boundary (a ``SyncBoundary`` runs the calls on its own
+loop); :func:`tool_results_sync` takes a ``SyncBoundary`` and refuses an async
+``ToolBoundary`` with a ``TypeError`` before any call is recorded. :func:`tool_params`
+builds the request's ``tools=`` from the boundary's ``ToolSpec``s (``description``,
+``input_schema``), so each tool is described once.
 """
 
 from __future__ import annotations
@@ -24,26 +30,49 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from canon.integrations._shared import (
+    Boundary,
+    ToolSchema,
     arguments_or_empty,
     invoke_all,
     invoke_all_sync,
     is_error,
     reply_content,
     require,
+    tool_schemas,
 )
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
-from eventstore.boundary.tool_boundary import ToolBoundary
-from eventstore.sync import SyncBoundary
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
 
 require("anthropic", "anthropic")
 
 # After require(): without the extra, importing this module raises its one clear error.
-from anthropic.types import Message, MessageParam, ToolResultBlockParam  # noqa: E402
+from anthropic.types import (  # noqa: E402
+    Message,
+    MessageParam,
+    ToolParam,
+    ToolResultBlockParam,
+)
 
-__all__ = ["AnthropicMessage", "tool_results", "tool_results_sync", "tool_uses"]
+__all__ = ["AnthropicMessage", "tool_params", "tool_results", "tool_results_sync", "tool_uses"]
 
 #: What the adapter reads: the SDK's ``Message`` (or ``BetaMessage``), or its dict form.
 AnthropicMessage = Message | Mapping[str, Any]
+
+
+def tool_params(tools: Mapping[str, ToolSpec | ToolSchema]) -> list[ToolParam]:
+    """The ``tools=`` of a Messages request: one client tool per name, in order.
+
+    Args:
+        tools: the boundary's ``{name: ToolSpec}`` (each one's ``description``, when it
+            has one, and ``input_schema``, any object when it has none), or ToolSchemas.
+
+    """
+    params: list[ToolParam] = []
+    for name, schema in tool_schemas(tools).items():
+        param: ToolParam = {"name": name, "input_schema": schema["parameters"]}
+        if schema["description"]:
+            param["description"] = schema["description"]
+        params.append(param)
+    return params
 
 
 def _field(item: Any, name: str) -> Any:
@@ -102,7 +131,7 @@ def _user_message(blocks: Sequence[Any], replies: Sequence[AgentReply]) -> Messa
 
 
 async def tool_results(
-    boundary: ToolBoundary, ctx: RunContext, message: AnthropicMessage
+    boundary: Boundary, ctx: RunContext, message: AnthropicMessage
 ) -> MessageParam:
     """Run the message's ``tool_use`` blocks concurrently; return the ``user`` message.
 
@@ -116,9 +145,14 @@ async def tool_results(
 
 
 def tool_results_sync(
-    boundary: SyncBoundary, ctx: RunContext, message: AnthropicMessage
+    boundary: Boundary, ctx: RunContext, message: AnthropicMessage
 ) -> MessageParam:
-    """:func:`tool_results` for code without an event loop, through a ``SyncBoundary``."""
+    """:func:`tool_results` for code without an event loop, through a ``SyncBoundary``.
+
+    Raises:
+        TypeError: ``boundary`` is an async ``ToolBoundary``; nothing was run or recorded.
+
+    """
     blocks = _tool_use_blocks(message)
     replies = invoke_all_sync(boundary, ctx, [_envelope(ctx, block) for block in blocks])
     return _user_message(blocks, replies)

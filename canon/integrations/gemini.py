@@ -1,12 +1,17 @@
 """Gemini's function calls through canon (google-genai): ``function_call`` parts answered.
 
 Give :func:`function_responses` (or :func:`function_responses_sync` from plain threads)
-the ``GenerateContentResponse`` the SDK returned (or a ``Content``, or the dict form of
-either); append the model's content and the ``Content`` it returns, and ask for the next
-turn::
+the model's turn and send the ``Content`` it returns; its ``parts`` are empty when the
+model called no function (the turn is over)::
 
-    contents += [response.candidates[0].content,
-                 await function_responses(boundary, ctx, response)]
+    while (answers := await function_responses(boundary, ctx, response)).parts:
+        contents += [response.candidates[0].content, answers]
+        response = await client.aio.models.generate_content(...)
+
+The turn is what the SDK gave: a ``GenerateContentResponse``, one ``Content``, the dict
+form of either, the list of a stream's chunks (``generate_content_stream``), or a
+``Chat`` / ``AsyncChat`` (``chats.create``, the SDK's recommended path: its last model
+turn is answered; send the answer with ``chat.send_message(answers.parts)``).
 
 Every ``function_call`` part runs through the boundary, all of one turn's concurrently;
 the ``function_response`` parts come in the order of the calls, in one ``Content`` of
@@ -16,24 +21,35 @@ API's: a content is ``"user"`` or ``"model"``). Each is named like its call and 
 Gemini documents for a function's output and its error. A call without ``args`` is a
 call without parameters (``{}``). Server-side parts (``tool_call``, ``tool_response``,
 ``executable_code``, ``code_execution_result``) and text are not ours and are skipped.
-Streaming users pass the assembled ``Content`` and the stream's ``response_id``.
 
 Ids: canon keys each record by the provider's own tool call id and never invents one.
 Gemini 3 models give each ``function_call`` an ``id``: it is used as it came, and echoed
 in the ``function_response``'s ``id``. Gemini 2.x models send no id, so the harness says
 how to name such a call with ``call_ids``, a function of (response id, candidate index,
 part index): values fixed by the model's response, so a re-sent turn names its calls the
-same and ``on_duplicate="replay"`` finds their records. The default,
-:func:`response_part_ids`, refuses a response without ``response_id``
-(:class:`MissingCallId`) rather than guess. Such a derived id names the call in canon
-only; it is never sent to Gemini, which matches a 2.x response to its call by order and
-name.
+same and ``on_duplicate="replay"`` finds their records. The part index is the part's
+place in the whole turn: in a stream, counted across the chunks in their order, so two
+chunks' calls never share an id. One chunk alone (a candidate without ``finish_reason``)
+is not a whole turn, and naming its calls is refused (:class:`MissingCallId`): pass the
+chunks together. The default, :func:`response_part_ids`, also refuses a turn without
+``response_id`` rather than guess (a ``Content`` and a chat keep none: pass
+``response_id=``). Such a derived id names the call in canon only; it is never sent to
+Gemini, which matches a 2.x response to its call by order and name.
 
 Automatic function calling is refused: with Python functions in ``tools`` the SDK calls
 them itself, with the arguments only (no call id, and none at all from Gemini 2.x), so
-no wrapper could record them under the model's call. A response on which the SDK already
-ran functions raises :class:`AutomaticFunctionCallingRefused`; declare the tools as
-``types.FunctionDeclaration``s instead (the SDK then runs nothing).
+no wrapper could record them under the model's call. A turn on which the SDK ran
+functions raises :class:`AutomaticFunctionCallingRefused`, whichever entry point ran
+them: ``models.generate_content`` and ``generate_content_stream`` mark their responses
+(``automatic_function_calling_history``), and a chat keeps the SDK's answers in its
+history (a ``function_response`` that is not canon's). Declare the tools with
+:func:`function_declarations` instead: built from the boundary's ``ToolSpec``s, they are
+``types.FunctionDeclaration``s, which the SDK never runs (and with which it turns
+automatic calling off for the whole request).
+
+:func:`function_responses` takes either boundary (a ``SyncBoundary`` runs the calls on
+its own loop); :func:`function_responses_sync` takes a ``SyncBoundary`` and refuses an
+async ``ToolBoundary`` with a ``TypeError`` before any call is recorded.
 """
 
 from __future__ import annotations
@@ -41,16 +57,24 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
-from canon.integrations._shared import invoke_all, invoke_all_sync, is_error, reply_payload, require
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
-from eventstore.boundary.tool_boundary import ToolBoundary
-from eventstore.sync import SyncBoundary
+from canon.integrations._shared import (
+    Boundary,
+    ToolSchema,
+    invoke_all,
+    invoke_all_sync,
+    is_error,
+    reply_payload,
+    require,
+    tool_schemas,
+)
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
 from machine.errors import InvalidArgument
 
 require("google.genai", "gemini")
 
 # After require(): without the extra, importing this module raises its one clear error.
 from google.genai import types  # noqa: E402
+from google.genai.chats import AsyncChat, Chat  # noqa: E402
 
 __all__ = [
     "AutomaticFunctionCallingRefused",
@@ -58,23 +82,38 @@ __all__ = [
     "GeminiTurn",
     "MissingCallId",
     "function_calls",
+    "function_declarations",
     "function_responses",
     "function_responses_sync",
     "response_part_ids",
 ]
 
-#: What the adapter reads: a response, one ``Content``, or the dict form of either.
-GeminiTurn = types.GenerateContentResponse | types.Content | Mapping[str, Any]
+#: One response of the model, as the SDK parsed it or as plain data.
+GeminiResponse = types.GenerateContentResponse | Mapping[str, Any]
+#: What the adapter reads: a response, one ``Content``, a dict form of either, a stream's
+#: chunks in order, or a chat (its last model turn).
+GeminiTurn = (
+    types.GenerateContentResponse
+    | types.Content
+    | Mapping[str, Any]
+    | Sequence[GeminiResponse]
+    | Chat
+    | AsyncChat
+)
 #: Names a call that came without an id: (response id, candidate index, part index) -> id.
 CallIds = Callable[[str | None, int, int], str]
+
+#: The keys of canon's answers: ``{"output": ...}`` or ``{"error": {<the safe error>}}``.
+_OUTPUT, _ERROR = "output", "error"
+_SAFE_ERROR_KEYS = frozenset({"error_code", "message"})
 
 
 class MissingCallId(InvalidArgument):
     """Raised when a function call has no id and ``call_ids`` cannot derive one.
 
     By default: the call came from a Gemini 2.x model (no ``function_call.id``) in a
-    response without ``response_id``, or in a bare ``Content`` given no ``response_id``.
-    Nothing was run.
+    turn without ``response_id`` (a response without one, or a ``Content`` or chat given
+    no ``response_id``), or in one chunk of a stream given alone. Nothing was run.
     """
 
 
@@ -82,8 +121,31 @@ class AutomaticFunctionCallingRefused(InvalidArgument):
     """Raised when the SDK already ran Python functions itself (automatic function calling).
 
     Those calls ran outside canon and have no record; declare the tools as
-    ``types.FunctionDeclaration``s so that every call comes back to the harness.
+    ``types.FunctionDeclaration``s (:func:`function_declarations`) so that every call
+    comes back to the harness. Nothing was run through canon.
     """
+
+
+def function_declarations(
+    tools: Mapping[str, ToolSpec | ToolSchema],
+) -> list[types.FunctionDeclaration]:
+    """The ``types.FunctionDeclaration`` of each tool, by name and in order.
+
+    Args:
+        tools: the boundary's ``{name: ToolSpec}`` (each one's ``description`` and
+            ``input_schema``; any object when it has none), or ToolSchemas.
+
+    Use them as ``types.Tool(function_declarations=function_declarations(TOOLS))``: the
+    SDK only declares them to the model and never calls anything itself.
+    """
+    return [
+        types.FunctionDeclaration(
+            name=name,
+            description=schema["description"] or None,
+            parameters_json_schema=schema["parameters"],
+        )
+        for name, schema in tool_schemas(tools).items()
+    ]
 
 
 def response_part_ids(response_id: str | None, candidate_index: int, part_index: int) -> str:
@@ -103,24 +165,101 @@ def response_part_ids(response_id: str | None, candidate_index: int, part_index:
     return f"{response_id}.{candidate_index}.{part_index}"
 
 
-def _content_of(
+def _refuse_automatic_calls() -> AutomaticFunctionCallingRefused:
+    return AutomaticFunctionCallingRefused(
+        "the SDK ran Python functions itself (automatic function calling), outside "
+        "canon: declare the tools as types.FunctionDeclaration instead "
+        "(canon.integrations.gemini.function_declarations)"
+    )
+
+
+def _answered_by_canon(answer: types.FunctionResponse) -> bool:
+    """Tell whether a ``function_response`` has the shape of canon's answers.
+
+    The SDK's automatic calls answer ``{"result": ...}`` or ``{"error": "<text>"}``.
+    """
+    response = answer.response or {}
+    if set(response) == {_OUTPUT}:
+        return True
+    error = response.get(_ERROR)
+    return (
+        set(response) == {_ERROR} and isinstance(error, Mapping) and set(error) == _SAFE_ERROR_KEYS
+    )
+
+
+def _response_parts(
+    response: types.GenerateContentResponse, candidate_index: int
+) -> tuple[list[types.Part], bool]:
+    """One response's parts of the candidate, and whether it is a whole turn.
+
+    Raises:
+        AutomaticFunctionCallingRefused: the SDK ran functions for this response.
+
+    """
+    for earlier in response.automatic_function_calling_history or ():
+        if any(part.function_response is not None for part in earlier.parts or ()):
+            raise _refuse_automatic_calls()
+    candidates = response.candidates or []
+    if candidate_index >= len(candidates):
+        return [], True
+    candidate = candidates[candidate_index]
+    parts = list(candidate.content.parts or []) if candidate.content is not None else []
+    return parts, candidate.finish_reason is not None
+
+
+def _chat_turn(chat: Chat | AsyncChat) -> list[types.Part]:
+    """The parts of a chat's last model turn (one content, or one per streamed chunk).
+
+    Raises:
+        AutomaticFunctionCallingRefused: since the user's last message, the chat holds a
+            function response that is not canon's: the SDK answered a call itself.
+
+    """
+    history = chat.get_history()
+    start = len(history)
+    while start > 0 and history[start - 1].role == "model":
+        start -= 1
+    asked = max(
+        (
+            index
+            for index, content in enumerate(history)
+            if content.role == "user" and not _function_responses_of(content)
+        ),
+        default=0,
+    )
+    for content in history[asked:start]:
+        if not all(_answered_by_canon(answer) for answer in _function_responses_of(content)):
+            raise _refuse_automatic_calls()
+    return [part for content in history[start:] for part in content.parts or ()]
+
+
+def _function_responses_of(content: types.Content) -> list[types.FunctionResponse]:
+    return [part.function_response for part in content.parts or () if part.function_response]
+
+
+def _turn_parts(
     turn: GeminiTurn, candidate_index: int, response_id: str | None
-) -> tuple[types.Content | None, str | None]:
-    """The turn's content and the response id its calls' ids may be derived from."""
+) -> tuple[list[types.Part], str | None, bool]:
+    """The turn's parts in order, the response id to derive ids from, and whether whole.
+
+    Not whole: one chunk of a stream, whose part indexes are not places in the turn.
+    """
+    if isinstance(turn, Chat | AsyncChat):
+        return _chat_turn(turn), response_id, True
     if isinstance(turn, Mapping):
         model = types.GenerateContentResponse if "candidates" in turn else types.Content
         turn = model.model_validate(turn)
     if isinstance(turn, types.Content):
-        return turn, response_id
-    for earlier in turn.automatic_function_calling_history or ():
-        if any(part.function_response is not None for part in earlier.parts or ()):
-            raise AutomaticFunctionCallingRefused(
-                "the SDK ran Python functions itself (automatic function calling), outside "
-                "canon: declare the tools as types.FunctionDeclaration instead"
-            )
-    candidates = turn.candidates or []
-    content = candidates[candidate_index].content if candidate_index < len(candidates) else None
-    return content, response_id if response_id is not None else turn.response_id
+        return list(turn.parts or []), response_id, True
+    if isinstance(turn, types.GenerateContentResponse):
+        parts, whole = _response_parts(turn, candidate_index)
+        return parts, response_id if response_id is not None else turn.response_id, whole
+    # A stream's chunks, in order: their parts make the turn.
+    chunks = [types.GenerateContentResponse.model_validate(chunk) for chunk in turn]
+    parts = [part for chunk in chunks for part in _response_parts(chunk, candidate_index)[0]]
+    if response_id is None:
+        response_id = next((chunk.response_id for chunk in chunks if chunk.response_id), None)
+    return parts, response_id, True
 
 
 def _calls(
@@ -130,16 +269,21 @@ def _calls(
     call_ids: CallIds,
     response_id: str | None,
 ) -> list[tuple[types.FunctionCall, ToolEnvelope]]:
-    content, response_id = _content_of(turn, candidate_index, response_id)
+    parts, response_id, whole = _turn_parts(turn, candidate_index, response_id)
     calls = []
-    parts = (content.parts if content is not None else None) or []
     for part_index, part in enumerate(parts):
         call = part.function_call
         if call is None:
             continue
-        call_id = (
-            call.id if call.id is not None else call_ids(response_id, candidate_index, part_index)
-        )
+        if call.id is not None:
+            call_id = call.id
+        elif not whole:
+            raise MissingCallId(
+                "a Gemini function call without id in one chunk of a stream: its place in "
+                "the turn is unknown, so pass the stream's chunks together (a list)"
+            )
+        else:
+            call_id = call_ids(response_id, candidate_index, part_index)
         envelope = ToolEnvelope(
             run_id=ctx.run_id,
             tool_call_id=call_id,
@@ -163,14 +307,14 @@ def function_calls(
 
     Raises:
         MissingCallId: a call has no id and ``call_ids`` refused to derive one.
-        AutomaticFunctionCallingRefused: the SDK already ran functions on this response.
+        AutomaticFunctionCallingRefused: the SDK already ran functions on this turn.
 
     """
     return [envelope for _, envelope in _calls(ctx, turn, candidate_index, call_ids, response_id)]
 
 
 def _function_response(call: types.FunctionCall, reply: AgentReply) -> types.Part:
-    key = "error" if is_error(reply) else "output"
+    key = _ERROR if is_error(reply) else _OUTPUT
     return types.Part(
         function_response=types.FunctionResponse(
             id=call.id, name=call.name, response={key: reply_payload(reply)}
@@ -188,7 +332,7 @@ def _content(
 
 
 async def function_responses(
-    boundary: ToolBoundary,
+    boundary: Boundary,
     ctx: RunContext,
     turn: GeminiTurn,
     *,
@@ -202,18 +346,20 @@ async def function_responses(
     are empty when the turn called no function (then the turn is over).
 
     Args:
-        boundary: the boundary that runs the tools.
+        boundary: the boundary that runs the tools, either kind.
         ctx: the run.
-        turn: the model's response, or one ``Content`` of it (dict forms too).
+        turn: the model's response, one ``Content`` of it (dict forms too), the list of
+            a stream's chunks, or the chat whose last model turn to answer.
         candidate_index: which candidate of a response is the model's turn.
         call_ids: names each call that came without an id (Gemini 2.x).
         response_id: the response id for ``call_ids`` (default: the response's own;
-            give it with a bare ``Content``).
+            give it with a bare ``Content`` or a chat).
 
     Raises:
         MissingCallId: a call has no id and ``call_ids`` refused to derive one; no call
             ran.
-        AutomaticFunctionCallingRefused: the SDK already ran functions on this response.
+        AutomaticFunctionCallingRefused: the SDK already ran functions on this turn; no
+            call ran through canon.
 
     """
     calls = _calls(ctx, turn, candidate_index, call_ids, response_id)
@@ -222,7 +368,7 @@ async def function_responses(
 
 
 def function_responses_sync(
-    boundary: SyncBoundary,
+    boundary: Boundary,
     ctx: RunContext,
     turn: GeminiTurn,
     *,
@@ -233,8 +379,9 @@ def function_responses_sync(
     """:func:`function_responses` for code without an event loop, through a ``SyncBoundary``.
 
     Raises:
+        TypeError: ``boundary`` is an async ``ToolBoundary``; nothing was run or recorded.
         MissingCallId: a call has no id and ``call_ids`` refused to derive one.
-        AutomaticFunctionCallingRefused: the SDK already ran functions on this response.
+        AutomaticFunctionCallingRefused: the SDK already ran functions on this turn.
 
     """
     calls = _calls(ctx, turn, candidate_index, call_ids, response_id)

@@ -13,6 +13,12 @@ A tool runs from a ``ToolCall`` only (``tool.invoke(call, config)``), never from
 arguments: canon keeps the framework's call id and never invents one. The synchronous
 path (``invoke``) needs a :class:`~eventstore.SyncBoundary`; the asynchronous one
 (``ainvoke``) takes either kind of boundary.
+
+The tools are described once, in the boundary's ``ToolSpec``s: ``as_tools(boundary,
+TOOLS)`` shows the model each spec's ``description`` and ``input_schema`` (a
+:class:`~canon.integrations._shared.ToolSchema` may be given instead). Like LangGraph's
+``tool_node``, the tools answer a call with a used (run, tool call id) by replay unless
+told otherwise (``on_duplicate=``): a graph that resumes or forks sends its calls again.
 """
 
 from __future__ import annotations
@@ -21,12 +27,16 @@ from collections.abc import Mapping
 from typing import Any
 
 from canon.integrations._shared import (
+    Boundary,
+    OnDuplicate,
     ToolSchema,
     invoke_awaiting,
     invoke_blocking,
     is_error,
     reply_content,
     require,
+    tool_schemas,
+    with_duplicates,
 )
 
 require("langchain_core", "langchain")
@@ -36,11 +46,14 @@ from langchain_core.runnables import RunnableConfig  # noqa: E402
 from langchain_core.tools import BaseTool  # noqa: E402
 from pydantic import ConfigDict  # noqa: E402
 
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope  # noqa: E402
-from eventstore.boundary.tool_boundary import ToolBoundary  # noqa: E402
-from eventstore.sync import SyncBoundary  # noqa: E402
+from eventstore.boundary.contracts import (  # noqa: E402
+    AgentReply,
+    RunContext,
+    ToolEnvelope,
+    ToolSpec,
+)
 
-Boundary = ToolBoundary | SyncBoundary
+__all__ = ["THREAD_ID", "Boundary", "BoundaryTool", "as_tools", "run_id_of"]
 
 #: The config key LangGraph names a conversation by; a run of canon by default.
 THREAD_ID = "thread_id"
@@ -111,6 +124,8 @@ class BoundaryTool(BaseTool):
         boundary: the ``ToolBoundary`` or ``SyncBoundary`` whose ToolSpec of the same name
             runs the call.
         run_id_key: the ``configurable`` key that names the run.
+        on_duplicate: what a call with a used (run, tool call id) gets: ``"replay"``
+            (default), ``"refuse"``, or None for the boundary's own choice.
 
     """
 
@@ -118,6 +133,7 @@ class BoundaryTool(BaseTool):
 
     boundary: Boundary
     run_id_key: str = THREAD_ID
+    on_duplicate: OnDuplicate = "replay"
 
     def _to_args_and_kwargs(
         self, tool_input: str | dict[str, Any], tool_call_id: str | None
@@ -137,29 +153,43 @@ class BoundaryTool(BaseTool):
         self, *, arguments: dict[str, Any], tool_call_id: str, config: RunnableConfig
     ) -> ToolMessage:
         run_id = run_id_of(config, self.run_id_key)
-        return call_blocking(self.boundary, run_id, tool_call_id, self.name, arguments)
+        boundary = with_duplicates(self.boundary, self.on_duplicate)
+        return call_blocking(boundary, run_id, tool_call_id, self.name, arguments)
 
     async def _arun(
         self, *, arguments: dict[str, Any], tool_call_id: str, config: RunnableConfig
     ) -> ToolMessage:
         run_id = run_id_of(config, self.run_id_key)
-        return await call_awaiting(self.boundary, run_id, tool_call_id, self.name, arguments)
+        boundary = with_duplicates(self.boundary, self.on_duplicate)
+        return await call_awaiting(boundary, run_id, tool_call_id, self.name, arguments)
 
 
 def as_tools(
-    boundary: Boundary, schemas: Mapping[str, ToolSchema], *, run_id_key: str = THREAD_ID
+    boundary: Boundary,
+    tools: Mapping[str, ToolSpec | ToolSchema],
+    *,
+    run_id_key: str = THREAD_ID,
+    on_duplicate: OnDuplicate = "replay",
 ) -> list[BaseTool]:
-    """One LangChain tool per schema, each running through ``boundary``.
+    """One LangChain tool per tool, each running through ``boundary``.
 
     Args:
         boundary: a ``SyncBoundary`` (sync and async runs) or a ``ToolBoundary`` (async
             runs on its store's loop).
-        schemas: by tool name, the description and arguments' JSON Schema the model sees.
-            The boundary's ToolSpec of that name runs the call; a name it does not know
-            answers UNKNOWN_TOOL.
+        tools: by tool name, what the model sees: the boundary's own ToolSpecs (their
+            ``description`` and ``input_schema``, any object without one) or ToolSchemas
+            (description and arguments' JSON Schema). The boundary's ToolSpec of that
+            name runs the call; a name it does not know answers UNKNOWN_TOOL.
         run_id_key: the ``configurable`` key of the config that names the run.
+        on_duplicate: what a call with a used (run, tool call id) gets: ``"replay"``
+            (default: a graph's resume sends its calls again), ``"refuse"``, or None for
+            the boundary's own choice.
+
+    Raises:
+        InvalidArgument: ``on_duplicate`` is not one of its values.
 
     """
+    with_duplicates(boundary, on_duplicate)  # an unknown value fails here, not per call
     return [
         BoundaryTool(
             name=name,
@@ -167,6 +197,7 @@ def as_tools(
             args_schema=schema["parameters"],
             boundary=boundary,
             run_id_key=run_id_key,
+            on_duplicate=on_duplicate,
         )
-        for name, schema in schemas.items()
+        for name, schema in tool_schemas(tools).items()
     ]

@@ -5,16 +5,21 @@ with its ``wrap_tool_call`` and ``awrap_tool_call`` hooks set to
 :class:`BoundaryToolCalls`: each ``ToolCall`` of the model's turn (run concurrently, as
 the node runs them) becomes one boundary call whose run id is the graph config's
 ``configurable[run_id_key]`` (``thread_id`` by default) and whose tool call id is the
-``ToolCall``'s ``id``. The hooks never call the node's own tool: the node's ``tools`` only
-tell the model (and LangGraph) what exists, the boundary's ToolSpec runs the call, and a
-name the boundary does not know answers UNKNOWN_TOOL. Every reply is a ``ToolMessage``
-(JSON text; ``status="error"`` with the safe error JSON for an error).
+``ToolCall``'s ``id``. The hooks never call the node's own tool: the node's ``tools`` say
+what this node may run (and tell the model what exists), the boundary's ToolSpec runs the
+call. A name the node does not list never reaches canon: LangGraph answers it with its
+own invalid-tool ``ToolMessage``, as it does without canon, so agents that share one
+boundary cannot reach each other's tools. A listed name the boundary does not know
+answers UNKNOWN_TOOL. Every reply is a ``ToolMessage`` (JSON text; ``status="error"``
+with the safe error JSON for an error).
 
 Durable execution: a graph resumed from its checkpointer re-runs an interrupted node
-from its start, and a fork from an earlier checkpoint re-runs the tools node. With
-``ToolBoundary(..., on_duplicate="replay")`` those calls (same thread, same call ids,
-same arguments) get the recorded replies: the tools are not executed again and the model
-sees the same results.
+from its start, and a fork from an earlier checkpoint re-runs the tools node. The node's
+calls therefore answer duplicates by replay, whatever the boundary was built with
+(``on_duplicate="replay"`` by default; ``"refuse"`` or None, the boundary's own choice,
+on request): those calls (same thread, same call ids, same arguments) get the recorded
+replies, the tools are not executed again and the model sees the same results. A
+different request under a used id is still DUPLICATE_TOOL_CALL.
 
 ``graph.invoke`` runs the node's calls in threads: give a
 :class:`~eventstore.SyncBoundary` (it serves ``graph.ainvoke`` too). An async
@@ -26,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from canon.integrations._shared import require
+from canon.integrations._shared import OnDuplicate, require, with_duplicates
 
 require("langgraph.prebuilt", "langgraph")
 
@@ -54,15 +59,34 @@ class BoundaryToolCalls:
         boundary: a ``SyncBoundary`` (``invoke`` and ``ainvoke``) or a ``ToolBoundary``
             (``ainvoke`` on its store's loop).
         run_id_key: the ``configurable`` key of the graph config that names the run.
+        on_duplicate: what a call with a used (run, tool call id) gets, as
+            ``ToolBoundary``'s option: ``"replay"`` (default, for LangGraph's resumes and
+            forks), ``"refuse"``, or None for the boundary's own choice.
 
     Pass :meth:`wrap_tool_call` and :meth:`awrap_tool_call` to a ``ToolNode`` (or use
-    :func:`tool_node`).
+    :func:`tool_node`). A call of a tool the node does not list goes to the node itself,
+    which answers LangGraph's invalid-tool message without running anything.
+
+    Raises:
+        InvalidArgument: ``on_duplicate`` is not one of its values.
 
     """
 
-    def __init__(self, boundary: Boundary, *, run_id_key: str = THREAD_ID) -> None:
+    def __init__(
+        self,
+        boundary: Boundary,
+        *,
+        run_id_key: str = THREAD_ID,
+        on_duplicate: OnDuplicate = "replay",
+    ) -> None:
+        with_duplicates(boundary, on_duplicate)  # an unknown value fails here, not per call
         self.boundary = boundary
         self.run_id_key = run_id_key
+        self.on_duplicate = on_duplicate
+
+    def _boundary(self) -> Boundary:
+        # Taken per call, so that the view follows the boundary's own state (closed...).
+        return with_duplicates(self.boundary, self.on_duplicate)
 
     def _run_id(self, request: ToolCallRequest) -> str:
         runtime = request.runtime
@@ -72,7 +96,7 @@ class BoundaryToolCalls:
         self,
         request: ToolCallRequest,
         execute: Callable[[ToolCallRequest], ToolMessage | Command[Any]],
-    ) -> ToolMessage:
+    ) -> ToolMessage | Command[Any]:
         """Answer one call of a sync run (``graph.invoke``) through a ``SyncBoundary``.
 
         Raises:
@@ -80,25 +104,29 @@ class BoundaryToolCalls:
             ValueError: the graph's config names no run.
 
         """
+        if request.tool is None:  # not this node's tool: LangGraph answers, nothing runs
+            return execute(request)
         call = request.tool_call
         return call_blocking(
-            self.boundary, self._run_id(request), call["id"], call["name"], call["args"]
+            self._boundary(), self._run_id(request), call["id"], call["name"], call["args"]
         )
 
     async def awrap_tool_call(
         self,
         request: ToolCallRequest,
         execute: Callable[[ToolCallRequest], Awaitable[ToolMessage | Command[Any]]],
-    ) -> ToolMessage:
+    ) -> ToolMessage | Command[Any]:
         """Answer one call of an async run (``graph.ainvoke``).
 
         Raises:
             ValueError: the graph's config names no run.
 
         """
+        if request.tool is None:  # not this node's tool: LangGraph answers, nothing runs
+            return await execute(request)
         call = request.tool_call
         return await call_awaiting(
-            self.boundary, self._run_id(request), call["id"], call["name"], call["args"]
+            self._boundary(), self._run_id(request), call["id"], call["name"], call["args"]
         )
 
 
@@ -107,18 +135,24 @@ def tool_node(
     tools: Sequence[BaseTool | Callable[..., Any]],
     *,
     run_id_key: str = THREAD_ID,
+    on_duplicate: OnDuplicate = "replay",
     **options: Any,
 ) -> ToolNode:
     """A ``ToolNode`` over ``tools`` whose calls all go through ``boundary``.
 
     Args:
         boundary: see :class:`BoundaryToolCalls`.
-        tools: what the model is told exists, e.g. ``as_tools(boundary, schemas)``.
+        tools: what this node may run and the model is told exists, e.g.
+            ``as_tools(boundary, TOOLS)``; a call of any other name never reaches canon.
         run_id_key: the ``configurable`` key of the graph config that names the run.
+        on_duplicate: see :class:`BoundaryToolCalls` (``"replay"`` by default).
         options: any other ``ToolNode`` option (``name``, ``messages_key``, ...).
 
+    Raises:
+        InvalidArgument: ``on_duplicate`` is not one of its values.
+
     """
-    hooks = BoundaryToolCalls(boundary, run_id_key=run_id_key)
+    hooks = BoundaryToolCalls(boundary, run_id_key=run_id_key, on_duplicate=on_duplicate)
     return ToolNode(
         tools,
         wrap_tool_call=hooks.wrap_tool_call,

@@ -27,7 +27,7 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from canon.integrations._shared import is_error, reply_content, require
+from canon.integrations._shared import ANY_OBJECT, is_error, reply_content, require, tool_schema
 from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolResult, ToolSpec
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import CanonError, RunExists
@@ -50,8 +50,22 @@ INVOCATION_ID_KEY: Final = "io.canon/invocation_id"
 
 #: Prefix of the fallback run and tool call ids of hosts that send no ids.
 FALLBACK_PREFIX: Final = "mcp"
-#: Schema listed for a ToolSpec that declares none: any JSON object.
-ANY_OBJECT: Final[Mapping[str, Any]] = {"type": "object"}
+__all__ = [
+    "ANY_OBJECT",
+    "FALLBACK_PREFIX",
+    "INVOCATION_ID_KEY",
+    "RUN_ID_KEY",
+    "TOOL_CALL_ID_KEY",
+    "ResultOf",
+    "RunOptions",
+    "build_server",
+    "call_ids",
+    "call_meta",
+    "call_tool",
+    "json_result",
+    "serve_tools",
+    "tool_definitions",
+]
 
 # A session id the fallback run id may embed as it is (run ids are key-safe).
 _SAFE_SESSION_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
@@ -103,15 +117,22 @@ async def call_tool(
 
 
 def tool_definitions(specs: Mapping[str, ToolSpec]) -> list[types.Tool]:
-    """The MCP tool listing of ``specs``: names, descriptions and input schemas."""
-    return [
-        types.Tool(
-            name=name,
-            description=spec.description or None,
-            input_schema=dict(spec.input_schema or ANY_OBJECT),
+    """The MCP tool listing of ``specs``: names, descriptions and input schemas.
+
+    The same description and schema every adapter derives from a ToolSpec (any JSON
+    object, :data:`ANY_OBJECT`, for a spec that declares no schema).
+    """
+    listed = []
+    for name, spec in specs.items():
+        schema = tool_schema(spec)
+        listed.append(
+            types.Tool(
+                name=name,
+                description=schema["description"] or None,
+                input_schema=schema["parameters"],
+            )
         )
-        for name, spec in specs.items()
-    ]
+    return listed
 
 
 def json_result(reply: ToolResult) -> types.CallToolResult:

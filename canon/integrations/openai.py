@@ -12,10 +12,20 @@ Every call of one turn runs concurrently through the boundary. Arguments reach i
 model sent them, with one normalization: empty arguments (``""``, or a dict form's
 ``null``: a call of a tool without parameters) are ``{}``; truncated or non-object JSON is
 refused there as INVALID_INPUT. A custom (free-form) tool's text input becomes
-``{"input": text}``. An error reply becomes the tool's output all the same: the safe error
-JSON (code and fixed message), which the model can read. Streaming users pass the
-assembled message or the final response. The ``*_sync`` variants take a
-:class:`~eventstore.sync.SyncBoundary`, for the sync client.
+``{"input": text}``. A result is its JSON text. An error reply becomes the tool's output
+all the same, flagged the one way a text output can be: ``Error: `` then the safe error
+JSON (code and fixed message), which the model can read and which is never valid JSON,
+so it cannot be mistaken for a result (a tool may itself answer ``{"error_code": ...}``).
+Streaming users pass the assembled message or the final response.
+
+Sync and async: the async functions take either boundary (a ``SyncBoundary`` runs the
+calls on its own loop while this one waits); the ``*_sync`` variants, for the sync
+client, take a :class:`~eventstore.sync.SyncBoundary` and refuse an async
+``ToolBoundary`` with a ``TypeError`` before any call is recorded.
+
+What the model is told: :func:`chat_tools` and :func:`response_tools` build the
+``tools=`` of a request from the boundary's ``ToolSpec``s (name, ``description``,
+``input_schema``), so each tool is described once.
 """
 
 from __future__ import annotations
@@ -24,25 +34,41 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from canon.integrations._shared import (
+    ERROR_PREFIX,
+    Boundary,
+    ToolSchema,
     arguments_or_empty,
+    flagged_content,
     invoke_all,
     invoke_all_sync,
-    reply_content,
     require,
+    tool_schemas,
 )
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
-from eventstore.boundary.tool_boundary import ToolBoundary
-from eventstore.sync import SyncBoundary
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
 
 require("openai", "openai")
 
 from openai.types.chat import (  # noqa: E402  (only once the SDK is known to be there)
+    ChatCompletionFunctionToolParam,
     ChatCompletionMessage,
     ChatCompletionToolMessageParam,
 )
-from openai.types.responses import Response, ResponseInputItemParam  # noqa: E402
+from openai.types.responses import (  # noqa: E402
+    FunctionToolParam,
+    Response,
+    ResponseInputItemParam,
+)
+from openai.types.shared_params import FunctionDefinition  # noqa: E402
 
-__all__ = ["call_outputs", "call_outputs_sync", "tool_messages", "tool_messages_sync"]
+__all__ = [
+    "ERROR_PREFIX",
+    "call_outputs",
+    "call_outputs_sync",
+    "chat_tools",
+    "response_tools",
+    "tool_messages",
+    "tool_messages_sync",
+]
 
 #: A Chat Completions assistant message, as the SDK parsed it or as plain data.
 ChatMessage = ChatCompletionMessage | Mapping[str, Any]
@@ -54,6 +80,52 @@ _CALL_OUTPUT_TYPES = {
     "function_call": "function_call_output",
     "custom_tool_call": "custom_tool_call_output",
 }
+
+
+def chat_tools(
+    tools: Mapping[str, ToolSpec | ToolSchema], *, strict: bool | None = None
+) -> list[ChatCompletionFunctionToolParam]:
+    """The Chat Completions ``tools=`` of ``tools``: one function per name, in order.
+
+    Args:
+        tools: the boundary's ``{name: ToolSpec}`` (each one's ``description``, when it
+            has one, and ``input_schema``, any object when it has none), or ToolSchemas.
+        strict: the function's ``strict`` flag (None: not sent, the API's default).
+
+    """
+    definitions: list[ChatCompletionFunctionToolParam] = []
+    for name, schema in tool_schemas(tools).items():
+        function: FunctionDefinition = {"name": name, "parameters": schema["parameters"]}
+        if schema["description"]:
+            function["description"] = schema["description"]
+        if strict is not None:
+            function["strict"] = strict
+        definitions.append({"type": "function", "function": function})
+    return definitions
+
+
+def response_tools(
+    tools: Mapping[str, ToolSpec | ToolSchema], *, strict: bool | None = None
+) -> list[FunctionToolParam]:
+    """The Responses API ``tools=`` of ``tools``: one function per name, in order.
+
+    Args:
+        tools: the boundary's ``{name: ToolSpec}``, or ToolSchemas (see :func:`chat_tools`).
+        strict: the function's ``strict`` flag (None: the API's default).
+
+    """
+    definitions: list[FunctionToolParam] = []
+    for name, schema in tool_schemas(tools).items():
+        function: FunctionToolParam = {
+            "type": "function",
+            "name": name,
+            "parameters": schema["parameters"],
+            "strict": strict,
+        }
+        if schema["description"]:
+            function["description"] = schema["description"]
+        definitions.append(function)
+    return definitions
 
 
 def _get(item: Any, name: str) -> Any:
@@ -85,19 +157,19 @@ def _chat_replies(
     # The id the model sent is echoed, not the reply's: the API pairs every call with
     # its answer, and a refused id (never echoed in a reply) still needs one.
     return [
-        {"role": "tool", "tool_call_id": _get(call, "id"), "content": reply_content(reply)}
+        {"role": "tool", "tool_call_id": _get(call, "id"), "content": flagged_content(reply)}
         for call, reply in zip(calls, replies, strict=True)
     ]
 
 
 async def tool_messages(
-    boundary: ToolBoundary, ctx: RunContext, message: ChatMessage
+    boundary: Boundary, ctx: RunContext, message: ChatMessage
 ) -> list[ChatCompletionToolMessageParam]:
     """Run the message's tool calls; return the ``role: "tool"`` messages to append.
 
     Args:
-        boundary: the boundary that runs the tools (its ``on_duplicate`` decides what a
-            re-sent turn gets: ``"replay"`` answers it from the records).
+        boundary: the boundary that runs the tools, either kind (its ``on_duplicate``
+            decides what a re-sent turn gets: ``"replay"`` answers it from the records).
         ctx: the run the calls belong to.
         message: ``completion.choices[0].message`` (or its dict form); a message without
             tool calls gives ``[]``.
@@ -109,9 +181,14 @@ async def tool_messages(
 
 
 def tool_messages_sync(
-    boundary: SyncBoundary, ctx: RunContext, message: ChatMessage
+    boundary: Boundary, ctx: RunContext, message: ChatMessage
 ) -> list[ChatCompletionToolMessageParam]:
-    """:func:`tool_messages` for the sync client, through a ``SyncBoundary``."""
+    """:func:`tool_messages` for the sync client, through a ``SyncBoundary``.
+
+    Raises:
+        TypeError: ``boundary`` is an async ``ToolBoundary``; nothing was run or recorded.
+
+    """
     calls = _chat_calls(message)
     replies = invoke_all_sync(boundary, ctx, [_chat_envelope(ctx, call) for call in calls])
     return _chat_replies(calls, replies)
@@ -148,7 +225,7 @@ def _response_replies(items: list[Any], replies: list[AgentReply]) -> list[Respo
         output: dict[str, Any] = {
             "type": _CALL_OUTPUT_TYPES[_get(item, "type")],
             "call_id": _get(item, "call_id"),
-            "output": reply_content(reply),
+            "output": flagged_content(reply),
         }
         # A call made by a hosted program is answered to that program (as the SDK does).
         caller = _caller(item)
@@ -159,12 +236,12 @@ def _response_replies(items: list[Any], replies: list[AgentReply]) -> list[Respo
 
 
 async def call_outputs(
-    boundary: ToolBoundary, ctx: RunContext, response: ResponseOutput
+    boundary: Boundary, ctx: RunContext, response: ResponseOutput
 ) -> list[ResponseInputItemParam]:
     """Run a response's function and custom tool calls; return their output items.
 
     Args:
-        boundary: the boundary that runs the tools.
+        boundary: the boundary that runs the tools, either kind.
         ctx: the run the calls belong to.
         response: the ``Response`` (``stream.get_final_response()`` when streaming) or
             its ``output`` items; items other than ``function_call`` and
@@ -181,9 +258,14 @@ async def call_outputs(
 
 
 def call_outputs_sync(
-    boundary: SyncBoundary, ctx: RunContext, response: ResponseOutput
+    boundary: Boundary, ctx: RunContext, response: ResponseOutput
 ) -> list[ResponseInputItemParam]:
-    """:func:`call_outputs` for the sync client, through a ``SyncBoundary``."""
+    """:func:`call_outputs` for the sync client, through a ``SyncBoundary``.
+
+    Raises:
+        TypeError: ``boundary`` is an async ``ToolBoundary``; nothing was run or recorded.
+
+    """
     items = _response_calls(response)
     replies = invoke_all_sync(boundary, ctx, [_response_envelope(ctx, item) for item in items])
     return _response_replies(items, replies)

@@ -11,11 +11,16 @@ The run: the ``run=`` given here, else the Runner's ``context=`` object, which m
 :class:`~eventstore.RunContext` or carry a ``run_id`` string (your own context class may
 hold it). One agent then serves every run: ``Runner.run(agent, input, context=run)``.
 
-Replies follow the SDK's convention for a tool's answer: a string. A success is the
-bounded result as JSON; an error is the safe error JSON (code and fixed message), which
-the SDK sends to the model as the call's output, the way it answers a failed tool. Only a
-harness mistake (no run id, an async store used from another event loop) raises, which
-ends the run with the SDK's ``UserError``.
+Replies follow the SDK's convention for a tool's answer: a string, an error being a
+text the model reads (as the SDK's own failed-tool and timeout messages are). A success
+is the bounded result as JSON; an error is ``Error: `` then the safe error JSON (code and
+fixed message), never valid JSON, so a tool whose own result is shaped like canon's
+error is never mistaken for one. Only a harness mistake (no run id, an async store used
+from another event loop) raises, which ends the run with the SDK's ``UserError``.
+
+:func:`function_tools` builds one ``FunctionTool`` per ``ToolSpec`` of the boundary's
+tools, described by the spec's ``description`` and ``input_schema``, so each tool is
+described once.
 
 Sync and async: with a :class:`~eventstore.ToolBoundary` (async store), use
 ``await Runner.run`` on the store's event loop. ``Runner.run_sync`` drives a loop of its
@@ -35,8 +40,14 @@ import asyncio
 from collections.abc import Mapping
 from typing import Any
 
-from canon.integrations._shared import arguments_or_empty, reply_content, require
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope
+from canon.integrations._shared import (
+    ToolSchema,
+    arguments_or_empty,
+    flagged_content,
+    require,
+    tool_schemas,
+)
+from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import WrongEventLoop
 from eventstore.sync import SyncBoundary
@@ -47,7 +58,7 @@ from agents import FunctionTool  # noqa: E402  (only once the SDK is there)
 from agents.exceptions import UserError  # noqa: E402
 from agents.tool_context import ToolContext  # noqa: E402
 
-__all__ = ["function_tool"]
+__all__ = ["function_tool", "function_tools"]
 
 
 def _run_of(context: Any) -> RunContext:
@@ -111,7 +122,7 @@ def function_tool(
             tool=name,
             arguments=arguments_or_empty(arguments),
         )
-        return reply_content(await _invoke(boundary, ctx, envelope))
+        return flagged_content(await _invoke(boundary, ctx, envelope))
 
     return FunctionTool(
         name=name,
@@ -121,3 +132,36 @@ def function_tool(
         strict_json_schema=strict_json_schema,
         **options,
     )
+
+
+def function_tools(
+    boundary: ToolBoundary | SyncBoundary,
+    tools: Mapping[str, ToolSpec | ToolSchema],
+    *,
+    strict_json_schema: bool = True,
+    run: RunContext | None = None,
+    **options: Any,
+) -> list[FunctionTool]:
+    """One :func:`function_tool` per tool, described by its ToolSpec, in order.
+
+    Args:
+        boundary: the boundary whose tools run the calls.
+        tools: the boundary's ``{name: ToolSpec}`` (each one's ``description`` and
+            ``input_schema``; any object when it has none), or ToolSchemas.
+        strict_json_schema: the SDK's strict mode, for every tool.
+        run: the run of every call; None takes it from the Runner's ``context=``.
+        options: any other ``FunctionTool`` field, for every tool.
+
+    """
+    return [
+        function_tool(
+            boundary,
+            name,
+            description=schema["description"],
+            params_json_schema=schema["parameters"],
+            strict_json_schema=strict_json_schema,
+            run=run,
+            **options,
+        )
+        for name, schema in tool_schemas(tools).items()
+    ]

@@ -1,8 +1,9 @@
 """A Pydantic AI toolset whose every call goes through a canon boundary.
 
-``BoundaryToolset(boundary, schemas, run_id=...)`` is an
-:class:`~pydantic_ai.toolsets.AbstractToolset`: it lists one tool per schema (the
-description and arguments' JSON Schema the model sees) and sends each call to the
+``BoundaryToolset(boundary, TOOLS, run_id=...)`` is an
+:class:`~pydantic_ai.toolsets.AbstractToolset`: it lists one tool per entry of ``TOOLS``
+(the boundary's ``ToolSpec``s, whose ``description`` and ``input_schema`` the model sees,
+or ToolSchemas) and sends each call to the
 boundary with Pydantic AI's own ``ctx.tool_call_id`` and the harness's run id (a string,
 or a function of the run context, e.g. ``lambda ctx: ctx.deps.run_id``). The arguments
 reach the boundary as the model sent them (no schema validation here: the boundary
@@ -39,6 +40,7 @@ from canon.integrations._shared import (
     reply_content,
     reply_payload,
     require,
+    tool_schemas,
 )
 
 require("pydantic_ai", "pydantic-ai")
@@ -49,7 +51,7 @@ from pydantic_ai.tools import ToolDefinition  # noqa: E402
 from pydantic_ai.toolsets import AbstractToolset, ToolsetTool  # noqa: E402
 from pydantic_core import SchemaValidator, core_schema  # noqa: E402
 
-from eventstore.boundary.contracts import RunContext, ToolEnvelope  # noqa: E402
+from eventstore.boundary.contracts import RunContext, ToolEnvelope, ToolSpec  # noqa: E402
 from eventstore.boundary.tool_boundary import ToolBoundary  # noqa: E402
 from eventstore.sync import SyncBoundary  # noqa: E402
 
@@ -65,7 +67,9 @@ class BoundaryToolset(AbstractToolset[Any]):
     Args:
         boundary: a ``SyncBoundary`` (``run`` and ``run_sync``) or a ``ToolBoundary``
             (``run`` on its store's loop).
-        schemas: by tool name, the description and arguments' JSON Schema the model sees.
+        schemas: by tool name, what the model sees: the boundary's own ToolSpecs (their
+            ``description`` and ``input_schema``, any object without one), or
+            ToolSchemas (description and arguments' JSON Schema).
         run_id: the canon run of the agent run: a string, or a function of the run
             context (``lambda ctx: ctx.deps.run_id``).
         max_retries: how often the model may re-send a call whose arguments are not
@@ -77,7 +81,7 @@ class BoundaryToolset(AbstractToolset[Any]):
     def __init__(
         self,
         boundary: ToolBoundary | SyncBoundary,
-        schemas: Mapping[str, ToolSchema],
+        schemas: Mapping[str, ToolSpec | ToolSchema],
         *,
         run_id: str | Callable[[AgentContext[Any]], str],
         max_retries: int = 1,
@@ -90,10 +94,10 @@ class BoundaryToolset(AbstractToolset[Any]):
         self._definitions = [
             ToolDefinition(
                 name=name,
-                description=schema["description"],
+                description=schema["description"] or None,
                 parameters_json_schema=schema["parameters"],
             )
-            for name, schema in schemas.items()
+            for name, schema in tool_schemas(schemas).items()
         ]
 
     @property

@@ -15,6 +15,7 @@ caller (:mod:`eventstore.boundary.interrupts`) and the OpenTelemetry span of eac
 from __future__ import annotations
 
 import asyncio
+import copy
 import math
 import time
 from collections.abc import Awaitable, Mapping
@@ -141,6 +142,27 @@ class ToolBoundary:
     def store_timeout_s(self) -> float:
         """The longest one store operation of a call may take (see ``store_timeout_s``)."""
         return self._store_timeout_s
+
+    def answering_duplicates(self, on_duplicate: OnDuplicate) -> ToolBoundary:
+        """This boundary, answering a used (run, tool call id) as ``on_duplicate`` says.
+
+        For a framework whose own resume sends the same calls again (LangGraph re-runs a
+        node): the view shares this boundary's store, tools, threads and timers, and
+        differs only in what a duplicate gets. Returns this boundary when it already
+        answers so.
+
+        Raises:
+            InvalidArgument: ``on_duplicate`` is not ``"refuse"`` or ``"replay"``.
+
+        """
+        if on_duplicate not in ("refuse", "replay"):
+            raise InvalidArgument('on_duplicate must be "refuse" or "replay"')
+        replay = on_duplicate == "replay"
+        if replay is self._replay:
+            return self
+        view = copy.copy(self)
+        view._replay = replay
+        return view
 
     async def invoke(self, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
         """Run one tool call and return what the agent may see.

@@ -144,6 +144,27 @@ async def test_refuse_stays_the_default(store: Store):
     assert tool.executed == 1
 
 
+async def test_a_view_answers_duplicates_its_own_way_and_shares_the_rest(store: Store):
+    """``answering_duplicates("replay")`` on a refusing boundary replays the recorded reply
+    (the tool ran once); the boundary itself still refuses; a view of the same kind is the
+    boundary itself; an unknown answer is InvalidArgument."""
+    tool = FakeTool()
+    await open_run(store)
+    boundary = ToolBoundary(store, {TOOL: tool.spec()})
+    view = boundary.answering_duplicates("replay")
+
+    first = await boundary.invoke(RunContext(RUN), envelope())
+    assert await view.invoke(RunContext(RUN), envelope()) == first
+    refused = await boundary.invoke(RunContext(RUN), envelope())
+
+    assert refused == ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id="call_1")
+    assert tool.executed == 1
+    assert boundary.answering_duplicates("refuse") is boundary
+    assert view.answering_duplicates("replay") is view
+    with pytest.raises(InvalidArgument):
+        boundary.answering_duplicates("ignore")  # type: ignore[arg-type]
+
+
 async def test_replay_after_the_record_expired_is_record_expired(make_store: Any):
     """Once the first call's record has expired, the retried call gets RECORD_EXPIRED; it is not
     run again and spends no budget (the run still remembers the id)."""

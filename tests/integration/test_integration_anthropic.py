@@ -14,12 +14,15 @@ from typing import Any
 
 import anthropic
 import httpx2
+import msgspec
 import pytest
+from redis.asyncio import Redis
 
-from canon.integrations.anthropic import tool_results, tool_results_sync, tool_uses
-from eventstore import RunContext, SyncBoundary, SyncStore, ToolBoundary
-from machine.codes import SAFE_MESSAGES, ErrorCode
+from canon.integrations.anthropic import tool_params, tool_results, tool_results_sync, tool_uses
+from eventstore import RunContext, SyncBoundary, SyncStore, ToolBoundary, ToolSpec
+from machine.codes import SAFE_MESSAGES, ErrorCode, Status
 from tests.support.model_script import KbTools, ModelScript, serve
+from tests.support.tools import namespace_keys
 
 RUN = "run-claude"
 MODEL = "claude-sonnet-4-6"
@@ -300,6 +303,64 @@ async def test_a_message_without_client_tools_answers_nothing(make_store: Any) -
     assert kb.searched == []
 
 
+def described(specs: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
+    """``specs`` with ``search`` described once, in its ToolSpec, as TOOLS describes it."""
+    search = msgspec.structs.replace(
+        specs["search"],
+        description=TOOLS[0]["description"],
+        input_schema=TOOLS[0]["input_schema"],
+    )
+    return {**specs, "search": search}
+
+
+async def test_tool_results_takes_a_sync_boundary_inside_asyncio(
+    redis_url: str, namespace: str
+) -> None:
+    """``await tool_results`` with a SyncBoundary: its calls run on the boundary's own loop
+    while this one waits; the results and the READY records are those of any boundary."""
+    with SyncStore.from_url(redis_url, namespace=namespace) as store:
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        kb = KbTools(parties=4)
+        boundary = SyncBoundary(store, kb.specs(), max_tool_threads=8)
+        results = await tool_results(boundary, RunContext(RUN), PARALLEL_TURN)
+        assert compact(dict(results)) == compact(EXPECTED_RESULTS)
+        record = store.get(RUN, IDS[0])
+        assert record is not None and record.state.status is Status.READY
+
+
+async def test_tool_results_sync_refuses_an_async_boundary_before_any_record(
+    make_store: Any, redis: Redis, namespace: str
+) -> None:
+    """``tool_results_sync`` given an async ToolBoundary: one TypeError naming
+    SyncBoundary, before any call is checked, run or recorded."""
+    store = make_store()
+    await store.open_run(RUN, deadline=timedelta(minutes=5))
+    kb = KbTools()
+    before = await namespace_keys(redis, namespace)
+    with pytest.raises(TypeError, match="SyncBoundary"):
+        tool_results_sync(ToolBoundary(store, kb.specs()), RunContext(RUN), PARALLEL_TURN)
+    assert kb.searched == []
+    assert await namespace_keys(redis, namespace) == before
+
+
+def test_tool_params_derive_from_the_tool_specs() -> None:
+    """``tool_params``: each ToolSpec's description and input schema (any object without
+    one, no description when it has none) as the client tools the SDK sends."""
+    script = ModelScript(FINAL)
+    specs = described(KbTools().specs())
+    http = httpx2.Client(transport=script.transport())
+    with anthropic.Anthropic(api_key="test", http_client=http, max_retries=0) as client:
+        client.messages.create(
+            model=MODEL, max_tokens=64, tools=tool_params(specs), messages=[QUESTION]
+        )
+    any_object = {"type": "object"}
+    assert script.bodies[0]["tools"] == [
+        *TOOLS,
+        {"name": "fail", "input_schema": any_object},
+        {"name": "admin", "input_schema": any_object},
+    ]
+
+
 def test_the_docs_loop_runs_as_written(
     redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -313,10 +374,12 @@ def test_the_docs_loop_runs_as_written(
     script = ModelScript(docs_turn, FINAL)
     with SyncStore.from_url(redis_url, namespace=namespace) as store, serve(script) as url:
         store.open_run(RUN, deadline=timedelta(minutes=5))
-        boundary = SyncBoundary(store, KbTools().specs(), on_duplicate="replay")
+        tools = described(KbTools().specs())
+        boundary = SyncBoundary(store, tools, on_duplicate="replay")
         monkeypatch.setenv("ANTHROPIC_API_KEY", "test")
         monkeypatch.setenv("ANTHROPIC_BASE_URL", url)
-        exec(block.group(1), {"boundary": boundary, "ctx": RunContext(RUN)})
+        exec(block.group(1), {"boundary": boundary, "ctx": RunContext(RUN), "TOOLS": tools})
+    assert script.bodies[0]["tools"][0] == TOOLS[0]
     sent = script.bodies[1]["messages"]
     assert sent[1] == {"role": "assistant", "content": docs_turn["content"]}
     assert compact(sent[2]) == compact(

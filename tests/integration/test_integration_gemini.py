@@ -14,6 +14,7 @@ from datetime import timedelta
 from typing import Any
 
 import httpx2
+import msgspec
 import pytest
 from google import genai
 from google.genai import types
@@ -24,12 +25,13 @@ from canon.integrations.gemini import (
     AutomaticFunctionCallingRefused,
     MissingCallId,
     function_calls,
+    function_declarations,
     function_responses,
     function_responses_sync,
     response_part_ids,
 )
-from eventstore import RunContext, SyncBoundary, SyncStore, ToolBoundary
-from machine.codes import SAFE_MESSAGES, ErrorCode
+from eventstore import RunContext, SyncBoundary, SyncStore, ToolBoundary, ToolSpec
+from machine.codes import SAFE_MESSAGES, ErrorCode, Status
 from tests.support.model_script import KbTools, ModelScript, serve
 from tests.support.tools import namespace_keys
 
@@ -347,6 +349,244 @@ async def test_automatic_function_calling_is_refused(make_store: Any) -> None:
         await function_responses(boundary, RunContext(RUN), reply)
 
 
+class StreamScript(ModelScript):
+    """A ModelScript whose list answers are streams: one server-sent event per chunk, as
+    ``streamGenerateContent?alt=sse`` sends them."""
+
+    def transport(self, http: Any = httpx2) -> Any:
+        def handle(request: Any) -> Any:
+            status, body = self.answer(request.url.path, request.read())
+            if not isinstance(body, list):
+                return http.Response(status, json=body)
+            events = "".join(f"data: {json.dumps(chunk)}\r\n\r\n" for chunk in body)
+            headers = {"content-type": "text/event-stream"}
+            return http.Response(status, content=events.encode(), headers=headers)
+
+        return http.MockTransport(handle)
+
+
+def chunk(parts: list[dict[str, Any]], finish: str | None = None) -> dict[str, Any]:
+    """One chunk of a streamed response: only the last one has a finishReason."""
+    candidate: dict[str, Any] = {"content": {"parts": parts, "role": "model"}, "index": 0}
+    if finish is not None:
+        candidate["finishReason"] = finish
+    return {"candidates": [candidate], "responseId": RESPONSE_ID, "modelVersion": MODEL}
+
+
+#: A Gemini 2.x turn streamed: text, then one call per chunk, no ids.
+STREAMED_TURN = [
+    chunk([{"text": "Let me look."}]),
+    chunk([call("search", {"q": "refunds"})]),
+    chunk([call("search", {"q": "returns"})], "STOP"),
+]
+STREAMED_FINAL = [chunk([{"text": "Refunds within 30 days."}], "STOP")]
+
+
+def search_function(ran: list[str]) -> Any:
+    """A Python function as a tool: the SDK calls such a function itself (AFC)."""
+
+    def search(q: str) -> dict[str, Any]:
+        """Search the policy knowledge base."""
+        ran.append(q)
+        return {"titles": [q]}
+
+    return search
+
+
+async def afc_turn(entry_point: str, script: ModelScript, config: Any) -> Any:
+    """What the harness holds after ``entry_point`` ran (the response, the stream's chunks
+    or the chat), the SDK's automatic function calling on."""
+    question = "What do our policies say about refunds?"
+    if entry_point.startswith("sync "):
+        with sync_client(script) as client:
+            if entry_point == "sync models.generate_content":
+                return client.models.generate_content(model=MODEL, contents=question, config=config)
+            if entry_point == "sync models.generate_content_stream":
+                stream = client.models.generate_content_stream(
+                    model=MODEL, contents=question, config=config
+                )
+                return list(stream)
+            chat = client.chats.create(model=MODEL, config=config)
+            if entry_point == "sync chats.send_message":
+                chat.send_message(question)
+            else:
+                list(chat.send_message_stream(question))
+            return chat
+    async with async_client(script) as aio:
+        if entry_point == "async models.generate_content":
+            return await aio.models.generate_content(model=MODEL, contents=question, config=config)
+        if entry_point == "async models.generate_content_stream":
+            chunks = await aio.models.generate_content_stream(
+                model=MODEL, contents=question, config=config
+            )
+            return [piece async for piece in chunks]
+        achat = aio.chats.create(model=MODEL, config=config)
+        if entry_point == "async chats.send_message":
+            await achat.send_message(question)
+        else:
+            [piece async for piece in await achat.send_message_stream(question)]
+        return achat
+
+
+AFC_ENTRY_POINTS = [
+    f"{mode} {method}"
+    for mode in ("sync", "async")
+    for method in (
+        "models.generate_content",
+        "models.generate_content_stream",
+        "chats.send_message",
+        "chats.send_message_stream",
+    )
+]
+
+
+@pytest.mark.parametrize("entry_point", AFC_ENTRY_POINTS)
+@pytest.mark.parametrize("call_id", [None, "46ww9pp1"], ids=["gemini2", "gemini3"])
+async def test_automatic_function_calling_is_refused_at_every_entry_point(
+    make_store: Any, redis: Redis, namespace: str, entry_point: str, call_id: str | None
+) -> None:
+    """Python functions as tools, whichever way the SDK was called (a response, a stream,
+    a chat, sync or async): the SDK ran the function itself; the adapter refuses what the
+    harness holds instead of answering an empty turn, and canon records nothing."""
+    _, boundary = await open_boundary(make_store, KbTools())
+    ran: list[str] = []
+    stream = "stream" in entry_point
+    turn = [call("search", {"q": "refunds"}, call_id)]
+    script = StreamScript(
+        [chunk(turn, "STOP")] if stream else response(turn),
+        STREAMED_FINAL if stream else FINAL,
+    )
+    config = types.GenerateContentConfig(tools=[search_function(ran)])
+    held = await afc_turn(entry_point, script, config)
+    assert ran == ["refunds"]
+    before = await namespace_keys(redis, namespace)
+    with pytest.raises(AutomaticFunctionCallingRefused, match="FunctionDeclaration"):
+        await function_responses(boundary, RunContext(RUN), held, response_id=RESPONSE_ID)
+    assert await namespace_keys(redis, namespace) == before
+
+
+async def test_a_chat_turn_is_answered_and_its_answers_reach_the_model(make_store: Any) -> None:
+    """``chats.create`` with declared tools: the chat's last model turn is answered (ids
+    derived from the response id, as for a response), ``send_message(answers.parts)`` sends
+    them; the chat's final turn answers nothing and is not taken for automatic calling."""
+    kb = KbTools(parties=4)
+    store, boundary = await open_boundary(make_store, kb)
+    script = ModelScript(PARALLEL_TURN, FINAL)
+    ctx = RunContext(RUN)
+    async with async_client(script) as aio:
+        chat = aio.chats.create(model=MODEL, config=CONFIG)
+        reply = await chat.send_message("What do our policies say about refunds?")
+        answers = await function_responses(boundary, ctx, chat, response_id=reply.response_id)
+        assert answers.parts
+        final = await chat.send_message(answers.parts)
+        assert final.text == "Refunds within 30 days."
+        done = await function_responses(boundary, ctx, chat, response_id=final.response_id)
+    assert done.parts == []
+    assert_next_request(script, PARALLEL_TURN, expected([None] * 5))
+    for part in CALL_PARTS:
+        assert await store.get(RUN, f"{RESPONSE_ID}.0.{part}") is not None
+
+
+@pytest.mark.parametrize("mode", ["generate_content_stream", "chats.send_message_stream"])
+async def test_a_streamed_turn_names_each_call_by_its_place_in_the_turn(
+    make_store: Any, redis: Redis, namespace: str, mode: str
+) -> None:
+    """Streamed Gemini 2.x calls, one per chunk: given the chunks together (or the chat),
+    each call is named by its place in the whole turn, so no two share an id, and a re-sent
+    stream replays under the same ids; one chunk alone is refused before anything runs."""
+    kb = KbTools(parties=2)
+    store, boundary = await open_boundary(make_store, kb, on_duplicate="replay")
+    ctx = RunContext(RUN)
+    script = StreamScript(STREAMED_TURN, STREAMED_FINAL)
+    async with async_client(script) as aio:
+        if mode == "generate_content_stream":
+            stream = await aio.models.generate_content_stream(
+                model=MODEL, contents=[QUESTION], config=CONFIG
+            )
+            held: Any = [piece async for piece in stream]
+            before = await namespace_keys(redis, namespace)
+            with pytest.raises(MissingCallId, match="chunks"):
+                await function_responses(boundary, ctx, held[1])
+            assert await namespace_keys(redis, namespace) == before
+        else:
+            held = aio.chats.create(model=MODEL, config=CONFIG)
+            [piece async for piece in await held.send_message_stream(QUESTION["parts"][0]["text"])]
+        answers = await function_responses(boundary, ctx, held, response_id=RESPONSE_ID)
+        again = await function_responses(boundary, ctx, held, response_id=RESPONSE_ID)
+    assert [e.tool_call_id for e in function_calls(ctx, held, response_id=RESPONSE_ID)] == [
+        f"{RESPONSE_ID}.0.1",
+        f"{RESPONSE_ID}.0.2",
+    ]
+    assert again == answers
+    assert answers.model_dump(mode="json", by_alias=True, exclude_none=True)["parts"] == [
+        output("search", titles("refunds")),
+        output("search", titles("returns")),
+    ]
+    assert len(kb.searched) == 2
+    for part in (1, 2):
+        record = await store.get(RUN, f"{RESPONSE_ID}.0.{part}")
+        assert record is not None and record.state.status is Status.READY
+
+
+async def test_function_responses_takes_a_sync_boundary_inside_asyncio(
+    redis_url: str, namespace: str
+) -> None:
+    """``await function_responses`` with a SyncBoundary runs the calls on the boundary's own
+    loop: the answers and the READY records are those of any boundary."""
+    with SyncStore.from_url(redis_url, namespace=namespace) as store:
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        boundary = SyncBoundary(store, KbTools(parties=4).specs(), max_tool_threads=8)
+        answer = await function_responses(boundary, RunContext(RUN), PARALLEL_TURN)
+        dumped = answer.model_dump(mode="json", by_alias=True, exclude_none=True)
+        assert dumped == expected([None] * 5)
+        record = store.get(RUN, f"{RESPONSE_ID}.0.1")
+        assert record is not None and record.state.status is Status.READY
+
+
+async def test_function_responses_sync_refuses_an_async_boundary_before_any_record(
+    make_store: Any, redis: Redis, namespace: str
+) -> None:
+    """``function_responses_sync`` given an async ToolBoundary: one TypeError naming
+    SyncBoundary, before any call is checked, run or recorded."""
+    kb = KbTools()
+    _, boundary = await open_boundary(make_store, kb)
+    before = await namespace_keys(redis, namespace)
+    with pytest.raises(TypeError, match="SyncBoundary"):
+        function_responses_sync(boundary, RunContext(RUN), PARALLEL_TURN)
+    assert kb.searched == []
+    assert await namespace_keys(redis, namespace) == before
+
+
+def described(specs: dict[str, ToolSpec]) -> dict[str, ToolSpec]:
+    """``specs`` with ``search`` described once, in its ToolSpec, as SEARCH declares it."""
+    search = msgspec.structs.replace(
+        specs["search"],
+        description=SEARCH.description or "",
+        input_schema=SEARCH.parameters_json_schema,
+    )
+    return {**specs, "search": search}
+
+
+def test_function_declarations_derive_from_the_tool_specs() -> None:
+    """``function_declarations``: each ToolSpec's description and input schema (any
+    object without one) as declarations; the SDK sends the derived ``search`` exactly as
+    the hand-written SEARCH."""
+    declarations = function_declarations(described(KbTools().specs()))
+    assert declarations == [
+        SEARCH,
+        types.FunctionDeclaration(name="fail", parameters_json_schema={"type": "object"}),
+        types.FunctionDeclaration(name="admin", parameters_json_schema={"type": "object"}),
+    ]
+    script = ModelScript(FINAL, FINAL)
+    config = types.GenerateContentConfig(tools=[types.Tool(function_declarations=declarations)])
+    with sync_client(script) as client:
+        client.models.generate_content(model=MODEL, contents=[QUESTION], config=config)
+        client.models.generate_content(model=MODEL, contents=[QUESTION], config=CONFIG)
+    derived, written = (body["tools"][0]["functionDeclarations"] for body in script.bodies)
+    assert derived[0] == written[0]
+    assert len(derived) == 3
+
+
 def test_the_sync_client_and_boundary_send_the_same_answers(redis_url: str, namespace: str) -> None:
     """From plain threads: genai.Client's sync calls and a SyncBoundary, calls concurrent."""
     with SyncStore.from_url(redis_url, namespace=namespace) as store:
@@ -384,15 +624,53 @@ def test_the_docs_loop_runs_as_written(
     script = ModelScript(docs_turn, FINAL)
     with SyncStore.from_url(redis_url, namespace=namespace) as store, serve(script) as url:
         store.open_run(RUN, deadline=timedelta(minutes=5))
-        boundary = SyncBoundary(store, KbTools().specs(), on_duplicate="replay")
+        tools = described(KbTools().specs())
+        boundary = SyncBoundary(store, tools, on_duplicate="replay")
         monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
         monkeypatch.setenv("GEMINI_API_KEY", "test")
         monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url)
-        exec(block.group(1), {"boundary": boundary, "ctx": RunContext(RUN)})
+        exec(block.group(1), {"boundary": boundary, "ctx": RunContext(RUN), "TOOLS": tools})
     sent = script.bodies[1]["contents"]
     assert sent[1:] == [
         docs_turn["candidates"][0]["content"],
         {"role": "user", "parts": [output("search", titles("refunds"), "46ww9pp1")]},
+    ]
+
+
+def test_the_docs_chat_loop_runs_as_written(
+    redis_url: str, namespace: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """docs/integrations.md's Gemini chat loop (after the first block, whose client and
+    config it uses), with a Gemini 2.x turn: the chat sends the question, the model's turn
+    and the answers, each call named after the response id."""
+    text = (pathlib.Path(__file__).parents[2] / "docs" / "integrations.md").read_text()
+    section = re.search(r"## Gemini \(google-genai\)\n(.*?)(?=^## )", text, re.S | re.M)
+    assert section is not None
+    first, chat = re.findall(r"```python\n(.*?)```", section.group(1), re.S)
+    canon_lines = [line for line in chat.splitlines() if re.search(r"canon|ctx", line)]
+    assert len(canon_lines) <= 2, canon_lines
+    docs_turn = response([call("search", {"q": "refunds"}, "46ww9pp1")])
+    chat_turn = response([{"text": "Checking."}, call("search", {"q": "returns"})])
+    script = ModelScript(docs_turn, FINAL, chat_turn, FINAL)
+    with SyncStore.from_url(redis_url, namespace=namespace) as store, serve(script) as url:
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        tools = described(KbTools().specs())
+        names = {
+            "boundary": SyncBoundary(store, tools),
+            "ctx": RunContext(RUN),
+            "TOOLS": tools,
+        }
+        monkeypatch.delenv("GOOGLE_API_KEY", raising=False)
+        monkeypatch.setenv("GEMINI_API_KEY", "test")
+        monkeypatch.setenv("GOOGLE_GEMINI_BASE_URL", url)
+        exec(first, names)
+        exec(chat, names)
+        assert store.get(RUN, f"{RESPONSE_ID}.0.1") is not None
+    sent = script.bodies[3]["contents"]
+    assert sent == [
+        {"role": "user", "parts": [{"text": "What is our refund policy?"}]},
+        chat_turn["candidates"][0]["content"],
+        {"role": "user", "parts": [output("search", titles("returns"))]},
     ]
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from langchain_core.messages import ToolMessage
 from langchain_core.runnables import RunnableConfig
@@ -101,3 +102,43 @@ def test_a_call_without_an_id_is_refused(sync_store: SyncStore) -> None:
     with pytest.raises(ValueError, match="ToolCall"):
         tools["search"].invoke(call(None, "search", {"q": "refund"}), CONFIG)  # type: ignore[arg-type]
     assert not kb.executed
+
+
+def test_a_resent_tool_call_is_replayed_by_default(sync_store: SyncStore) -> None:
+    """The same ToolCall again (a graph that resumes or forks): the recorded answer, the
+    tool ran once, even on a boundary built to refuse; ``on_duplicate="refuse"`` keeps the
+    boundary's DUPLICATE_TOOL_CALL."""
+    kb = KnowledgeBase()
+    boundary = SyncBoundary(sync_store, kb.specs())
+    search = by_name(as_tools(boundary, SCHEMAS))["search"]
+    first = search.invoke(call("call_again", "search", {"q": "refund"}), CONFIG)
+    again = search.invoke(call("call_again", "search", {"q": "refund"}), CONFIG)
+    assert (again.content, again.status) == (first.content, "success")
+    assert kb.executed["call_again"] == 1
+    refusing = by_name(as_tools(boundary, SCHEMAS, on_duplicate="refuse"))["search"]
+    refused = refusing.invoke(call("call_again", "search", {"q": "refund"}), CONFIG)
+    assert (refused.status, json.loads(refused.content)["error_code"]) == (
+        "error",
+        "DUPLICATE_TOOL_CALL",
+    )
+
+
+def test_the_tools_can_be_described_by_their_tool_specs(sync_store: SyncStore) -> None:
+    """``as_tools(boundary, specs)``: each ToolSpec's description and input schema (any
+    object without one) is what the model is shown, written once."""
+    specs = {
+        name: msgspec.structs.replace(
+            spec,
+            description=SCHEMAS[name]["description"],
+            input_schema=SCHEMAS[name]["parameters"],
+        )
+        for name, spec in KnowledgeBase().specs().items()
+    }
+    specs["bare"] = msgspec.structs.replace(specs["search"], description="", input_schema=None)
+    tools = as_tools(SyncBoundary(sync_store, specs), specs)
+    shown = [convert_to_openai_tool(tool)["function"] for tool in tools]
+    assert shown[:3] == [
+        {"name": name, "description": s["description"], "parameters": s["parameters"]}
+        for name, s in SCHEMAS.items()
+    ]
+    assert shown[3]["name"] == "bare" and shown[3]["parameters"] == {"type": "object"}

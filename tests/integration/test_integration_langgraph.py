@@ -21,12 +21,19 @@ from canon.integrations.langchain import as_tools
 from canon.integrations.langgraph import tool_node
 from eventstore import SyncBoundary, SyncStore, ToolBoundary
 from machine.codes import SAFE_MESSAGES, ErrorCode, Status
+from machine.errors import InvalidArgument
 from tests.support.agent_tools import EXECUTED_ONCE, EXPECTED, SCHEMAS, TURN, KnowledgeBase
 from tests.support.chat_models import ScriptedChatModel
 
 THREAD = "thread-7f3a"
 CONFIG: RunnableConfig = {"configurable": {"thread_id": THREAD}}
 QUESTION = {"messages": [("user", "What are the policies?")]}
+#: What the node lists: every tool of the turn, ``no_such_tool`` included, which the
+#: boundary does not know (so canon answers it UNKNOWN_TOOL).
+NODE_SCHEMAS: dict[str, Any] = {
+    **SCHEMAS,
+    "no_such_tool": {"description": "A tool canon was never given.", "parameters": {}},
+}
 
 
 def build_graph(
@@ -35,12 +42,14 @@ def build_graph(
     *,
     interrupt_before: list[str] | None = None,
     review_after_tools: bool = False,
+    schemas: dict[str, Any] = NODE_SCHEMAS,
+    **node_options: Any,
 ) -> Any:
     """model -> tools -> model, checkpointed; optionally a review interrupt inside the tools
     node, after its calls ran (so a resume re-runs the node from its start)."""
-    tools = as_tools(boundary, SCHEMAS)
+    tools = as_tools(boundary, schemas)
     agent = model.bind_tools(tools)
-    node = tool_node(boundary, tools)
+    node = tool_node(boundary, tools, **node_options)
 
     def call_model(state: MessagesState) -> dict[str, list[BaseMessage]]:
         return {"messages": [agent.invoke(state["messages"])]}
@@ -110,7 +119,7 @@ def test_sync_invoke_runs_every_call_of_the_turn_through_the_boundary(
     assert model.tool_results_seen() == tool_messages(state)
     assert state["messages"][-1].content == "6 tool results"
     assert dict(kb.executed) == EXECUTED_ONCE
-    assert [tool["function"]["name"] for tool in model.bound] == list(SCHEMAS)
+    assert [tool["function"]["name"] for tool in model.bound] == list(NODE_SCHEMAS)
     record = sync_store.get(THREAD, TURN[0][0])
     assert record is not None and record.state.status is Status.READY
     failed = sync_store.get(THREAD, TURN[3][0])
@@ -162,27 +171,96 @@ def test_a_config_without_the_run_key_is_a_clear_error(sync_store: SyncStore) ->
     assert graph.invoke(QUESTION, config)["messages"][-1].content == "6 tool results"
 
 
-@pytest.mark.parametrize("on_duplicate", ["replay", "refuse"])
+@pytest.mark.parametrize(
+    ("boundary_duplicates", "node_duplicates", "replayed"),
+    [
+        ("refuse", "default", True),
+        ("replay", "default", True),
+        ("refuse", "refuse", False),
+        ("replay", None, True),
+        ("refuse", None, False),
+    ],
+)
 def test_a_resume_after_an_interrupt_in_the_tools_node_replays(
-    sync_store: SyncStore, on_duplicate: str
+    sync_store: SyncStore, boundary_duplicates: str, node_duplicates: str | None, replayed: bool
 ) -> None:
-    """An interrupt() after the calls re-runs the whole tools node on resume: with
-    replay the tools run once and the model sees the same results; with the default
-    (refuse) it would see DUPLICATE_TOOL_CALL, the failure this adapter's docs warn of."""
+    """An interrupt() after the calls re-runs the whole tools node on resume. The node
+    replays by default, whatever the boundary was built with: the tools run once and the
+    model sees the same results. Only a node told to refuse (``on_duplicate="refuse"``, or
+    None over a refusing boundary) answers the resumed calls DUPLICATE_TOOL_CALL."""
     kb, model = KnowledgeBase(), ScriptedChatModel()
-    boundary = SyncBoundary(sync_store, kb.specs(), on_duplicate=on_duplicate)
-    graph = build_graph(model, boundary, review_after_tools=True)
+    boundary = SyncBoundary(sync_store, kb.specs(), on_duplicate=boundary_duplicates)
+    options = {} if node_duplicates == "default" else {"on_duplicate": node_duplicates}
+    graph = build_graph(model, boundary, review_after_tools=True, **options)
     paused = graph.invoke(QUESTION, CONFIG)
     assert "__interrupt__" in paused and graph.get_state(CONFIG).next == ("tools",)
     assert dict(kb.executed) == EXECUTED_ONCE
     state = graph.invoke(Command(resume="approved"), CONFIG)
     assert dict(kb.executed) == EXECUTED_ONCE
-    if on_duplicate == "replay":
+    if replayed:
         assert_turn_answered(tool_messages(state))
         assert model.tool_results_seen() == tool_messages(state)
     else:
         codes = [json.loads(m.content)["error_code"] for m in tool_messages(state)[:4]]  # type: ignore[arg-type]
         assert codes == ["DUPLICATE_TOOL_CALL"] * 4
+
+
+async def test_an_async_resume_replays_on_a_refusing_tool_boundary(make_open_store: Any) -> None:
+    """``graph.ainvoke`` with a ToolBoundary built with the default (refuse): the resumed
+    tools node replays its calls all the same; the tools ran once."""
+    store = await make_open_store()
+    await store.open_run(THREAD, deadline=timedelta(minutes=5))
+    kb, model = KnowledgeBase(), ScriptedChatModel()
+    graph = build_graph(model, ToolBoundary(store, kb.specs()), review_after_tools=True)
+    await graph.ainvoke(QUESTION, CONFIG)
+    assert dict(kb.executed) == EXECUTED_ONCE
+    state = await graph.ainvoke(Command(resume="approved"), CONFIG)
+    assert dict(kb.executed) == EXECUTED_ONCE
+    assert_turn_answered(tool_messages(state))
+
+
+def test_a_tool_the_node_does_not_list_never_reaches_canon(sync_store: SyncStore) -> None:
+    """Two agents share one boundary; this node lists only ``search``. The model's calls
+    of ``broken`` and ``delete_order`` (tools the boundary knows) get LangGraph's own
+    invalid-tool answer: nothing runs, nothing is recorded, the refusal is the node's."""
+    kb, model = KnowledgeBase(), ScriptedChatModel()
+    boundary = SyncBoundary(sync_store, kb.specs())
+    graph = build_graph(model, boundary, schemas={"search": SCHEMAS["search"]})
+    state = graph.invoke(QUESTION, CONFIG)
+    answered = {m.tool_call_id: m for m in tool_messages(state)}
+    for call_id, name, _ in TURN:
+        if name == "search":
+            assert answered[call_id].status == "success"
+            continue
+        assert answered[call_id].status == "error"
+        assert answered[call_id].content == (
+            f"Error: {name} is not a valid tool, try one of [search]."
+        )
+        assert sync_store.get(THREAD, call_id) is None
+    assert dict(kb.executed) == {call_id: 1 for call_id, name, _ in TURN if name == "search"}
+
+
+async def test_an_unlisted_tool_is_refused_by_the_node_in_async_runs(
+    make_open_store: Any,
+) -> None:
+    """The same under ``graph.ainvoke`` with a ToolBoundary: the node's own answer."""
+    store = await make_open_store()
+    await store.open_run(THREAD, deadline=timedelta(minutes=5))
+    kb, model = KnowledgeBase(), ScriptedChatModel()
+    graph = build_graph(model, ToolBoundary(store, kb.specs()), schemas=dict(SCHEMAS))
+    state = await graph.ainvoke(QUESTION, CONFIG)
+    [unlisted] = [m for m in tool_messages(state) if m.name == "no_such_tool"]
+    assert unlisted.status == "error" and "is not a valid tool" in str(unlisted.content)
+    assert await store.get(THREAD, unlisted.tool_call_id) is None
+
+
+def test_on_duplicate_must_be_one_of_its_values(sync_store: SyncStore) -> None:
+    """A node or tools built with an unknown ``on_duplicate`` fail at once."""
+    boundary = SyncBoundary(sync_store, KnowledgeBase().specs())
+    with pytest.raises(InvalidArgument, match="on_duplicate"):
+        tool_node(boundary, as_tools(boundary, SCHEMAS), on_duplicate="retry")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgument, match="on_duplicate"):
+        as_tools(boundary, SCHEMAS, on_duplicate="again")  # type: ignore[arg-type]
 
 
 @pytest.mark.parametrize("mode", ["sync", "async"])

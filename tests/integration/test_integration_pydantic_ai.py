@@ -13,9 +13,12 @@ from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from pydantic_ai import Agent
 from pydantic_ai.messages import (
+    ModelResponse,
+    TextPart,
     ToolReturnPart,
 )
 from pydantic_ai.models.function import FunctionModel
@@ -179,3 +182,31 @@ async def test_run_sync_with_an_async_boundary_is_a_clear_error(make_open_store:
     with pytest.raises(WrongEventLoop):
         await asyncio.to_thread(run_sync, agent, "What are the policies?")
     assert not kb.executed
+
+
+def test_the_toolset_can_be_described_by_the_tool_specs(sync_store: SyncStore) -> None:
+    """``BoundaryToolset(boundary, specs)``: each ToolSpec's description and input schema
+    (any object without one) are the tool definitions the model gets, written once."""
+    specs = {
+        name: msgspec.structs.replace(
+            spec,
+            description=SCHEMAS[name]["description"],
+            input_schema=SCHEMAS[name]["parameters"],
+        )
+        for name, spec in KnowledgeBase().specs().items()
+    }
+    specs["bare"] = msgspec.structs.replace(specs["search"], description="", input_schema=None)
+    seen: list[Any] = []
+
+    def model(messages: list[Any], info: Any) -> Any:
+        seen.extend(info.function_tools)
+        return ModelResponse(parts=[TextPart("answered")])
+
+    toolset = BoundaryToolset(SyncBoundary(sync_store, specs), specs, run_id=RUN)
+    run_sync(Agent(FunctionModel(model), toolsets=[toolset]), "hi")
+    shown = {tool.name: tool for tool in seen}
+    assert list(shown) == [*SCHEMAS, "bare"]
+    for name, schema in SCHEMAS.items():
+        assert shown[name].description == schema["description"]
+        assert shown[name].parameters_json_schema == schema["parameters"]
+    assert shown["bare"].parameters_json_schema == {"type": "object"}

@@ -43,17 +43,17 @@ def canon_lines(code: str) -> list[str]:
 
 PRELUDE = """\
 import json, os
-from eventstore import SyncStore, ToolSpec
+from eventstore import SyncStore
 from tests.support.agent_tools import DOC_CALL, CountingSearch, titles
 store = SyncStore.from_url(os.environ["DOC_REDIS_URL"], namespace=os.environ["DOC_NAMESPACE"])
 search = CountingSearch()
-SEARCH = ToolSpec(executor=search, projector=titles)
 """
 
 
 def run_as_script(code: str, redis_url: str, namespace: str, tmp_path: pathlib.Path) -> Any:
     """Run the doc's block in a fresh interpreter after a prelude that builds what it takes
-    (``model``, ``store``, ``SEARCH``) and an epilogue that reports what the model saw.
+    (``model``, ``store``, the tool's ``search`` and ``titles``) and an epilogue that
+    reports what the model saw.
 
     Returns the script's stdout and the report.
     """
@@ -98,7 +98,8 @@ def test_the_langgraph_loop_runs_as_written(
         + "model = ScriptedChatModel(calls=[DOC_CALL])\n"
         + code
         + "seen = [(m.tool_call_id, m.status, m.content) for m in model.tool_results_seen()]\n"
-        + "json.dump({'seen': seen, 'runs': search.runs}, open(os.environ['DOC_REPORT'], 'w'))\n"
+        + "report = {'seen': seen, 'runs': search.runs, 'bound': model.bound}\n"
+        + "json.dump(report, open(os.environ['DOC_REPORT'], 'w'))\n"
         + "store.close()\n"
     )
     stdout, report = run_as_script(script, redis_url, namespace, tmp_path)
@@ -107,6 +108,9 @@ def test_the_langgraph_loop_runs_as_written(
     assert (call_id, status) == (DOC_CALL[0], "success")
     assert json.loads(content) == {"titles": ["refund policy"]}
     assert report["runs"] == 1
+    [bound] = report["bound"]
+    assert bound["function"]["description"] == "Search the knowledge base."
+    assert bound["function"]["parameters"]["required"] == ["q"]
     record = store.get("thread-1", DOC_CALL[0])
     assert record is not None and record.state.status is Status.READY
 

@@ -13,12 +13,25 @@ from typing import Any
 import pytest
 
 from canon.integrations.openai import (
+    ERROR_PREFIX,
     call_outputs,
     call_outputs_sync,
+    chat_tools,
+    response_tools,
     tool_messages,
     tool_messages_sync,
 )
-from eventstore import RunContext, Store, SyncBoundary, SyncStore, ToolBoundary
+from eventstore import (
+    Projection,
+    RunContext,
+    Store,
+    SyncBoundary,
+    SyncStore,
+    ToolBoundary,
+    ToolCall,
+    ToolSpec,
+)
+from machine.codes import Status
 from tests.support.calls import RUN, open_run
 from tests.support.openai_scripted import (
     FINAL_RESPONSE_ID,
@@ -34,6 +47,7 @@ from tests.support.openai_scripted import (
     response_function_call,
     response_message,
 )
+from tests.support.tools import namespace_keys
 
 MODEL = "gpt-4.1"
 USER = {"role": "user", "content": "Refunds and shipping, please."}
@@ -49,28 +63,50 @@ PARALLEL_CALLS = [
     function_call("call_Za1Sx2Dc3Fv4Gb5Hn6Jm7Kl8", "search_kb", '{"q": "ref'),
     custom_call("call_Cu5Tm9Gr2Am4Ma7Rx1Yz3Pq8", "grammar", "SELECT 1"),
 ]
+
+
+def failed(code: str) -> tuple[str, dict[str, Any]]:
+    """What :func:`shown` reads for a canon error: the flag, then the safe error."""
+    return ("error", error_content(code))
+
+
 PARALLEL_CONTENTS = [
     ["refund policy"],
     ["shipping policy"],
     ["returns policy"],
     {"arguments": {}},
-    error_content("EXECUTION_FAILED"),
-    error_content("INVALID_INPUT"),
+    failed("EXECUTION_FAILED"),
+    failed("INVALID_INPUT"),
     {"parsed": "SELECT 1"},
 ]
+
+
+def shown(text: str) -> Any:
+    """What the model reads in a tool output: a result's JSON value, or for text flagged
+    ``Error: `` the pair ("error", the safe error JSON after the flag)."""
+    if text.startswith(ERROR_PREFIX):
+        return ("error", json.loads(text.removeprefix(ERROR_PREFIX)))
+    return json.loads(text)
+
+
+def rendered(content: Any) -> str:
+    """The output text of an expected content (:func:`shown` read backwards)."""
+    if isinstance(content, tuple):
+        return ERROR_PREFIX + json.dumps(content[1])
+    return json.dumps(content)
 
 
 def expected_tool_messages(calls: list[dict[str, Any]], contents: list[Any]) -> list[Any]:
     """The tool messages the next request must carry, in the calls' order."""
     return [
-        {"role": "tool", "tool_call_id": call["id"], "content": json.dumps(content)}
+        {"role": "tool", "tool_call_id": call["id"], "content": rendered(content)}
         for call, content in zip(calls, contents, strict=True)
     ]
 
 
 def decoded(messages: list[Any]) -> list[Any]:
-    """Tool messages with their JSON content decoded (compact or not, the same value)."""
-    return [{**message, "content": json.loads(message["content"])} for message in messages]
+    """Tool messages with their content read (compact JSON or not, the same value)."""
+    return [{**message, "content": shown(message["content"])} for message in messages]
 
 
 @pytest.fixture
@@ -143,9 +179,7 @@ def test_chat_unknown_and_unauthorized_tools(sync_store: SyncStore) -> None:
         function_call("call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6", "admin", '{"user": "root"}'),
     ]
     _, sent = chat_turn_sync(SyncBoundary(sync_store, tools.specs()), calls)
-    expected = expected_tool_messages(
-        calls, [error_content("UNKNOWN_TOOL"), error_content("UNAUTHORIZED")]
-    )
+    expected = expected_tool_messages(calls, [failed("UNKNOWN_TOOL"), failed("UNAUTHORIZED")])
     assert decoded(sent["messages"][2:]) == decoded(expected)
     assert tools.runs == {}
 
@@ -175,7 +209,7 @@ def test_chat_refused_id_is_still_answered_under_it(sync_store: SyncStore) -> No
     boundary = SyncBoundary(sync_store, tools.specs())
     [reply] = tool_messages_sync(boundary, RunContext(RUN), {"tool_calls": [call]})
     assert reply["tool_call_id"] == "call with space"
-    assert json.loads(reply["content"]) == error_content("INVALID_TOOL_CALL_ID")
+    assert shown(reply["content"]) == failed("INVALID_TOOL_CALL_ID")
     assert tools.runs == {}
 
 
@@ -185,7 +219,7 @@ def test_chat_non_object_arguments_are_invalid_input(sync_store: SyncStore, argu
     call = function_call("call_N0nObj3ctArgs9Xy7Tn4Bm1", "ping", arguments)
     boundary = SyncBoundary(sync_store, Tools().specs())
     [reply] = tool_messages_sync(boundary, RunContext(RUN), {"tool_calls": [call]})
-    assert json.loads(reply["content"]) == error_content("INVALID_INPUT")
+    assert shown(reply["content"]) == failed("INVALID_INPUT")
 
 
 def test_chat_resent_turn_is_replayed(sync_store: SyncStore) -> None:
@@ -200,7 +234,7 @@ def test_chat_resent_turn_is_replayed(sync_store: SyncStore) -> None:
     assert tools.runs == {"search_kb": 3, "ping": 1, "fail": 1, "grammar": 1}
     refusing = SyncBoundary(sync_store, tools.specs())
     refused = tool_messages_sync(refusing, RunContext(RUN), {"tool_calls": PARALLEL_CALLS[:1]})
-    assert json.loads(refused[0]["content"]) == error_content("DUPLICATE_TOOL_CALL")
+    assert shown(refused[0]["content"]) == failed("DUPLICATE_TOOL_CALL")
 
 
 #: A Responses API turn: reasoning, a hosted web search and a message are not ours to
@@ -272,17 +306,17 @@ RESPONSE_OUTPUTS = [
     {
         "type": "function_call_output",
         "call_id": "call_Wd6Xe1Rf8Tg3Yh5Uj2Ik9Ol4P",
-        "output": error_content("EXECUTION_FAILED"),
+        "output": failed("EXECUTION_FAILED"),
     },
     {
         "type": "function_call_output",
         "call_id": "call_Un1kn0wnT00lCa11Xy7Tn4Bm",
-        "output": error_content("UNKNOWN_TOOL"),
+        "output": failed("UNKNOWN_TOOL"),
     },
     {
         "type": "function_call_output",
         "call_id": "call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6",
-        "output": error_content("UNAUTHORIZED"),
+        "output": failed("UNAUTHORIZED"),
     },
     {
         "type": "custom_tool_call_output",
@@ -293,8 +327,8 @@ RESPONSE_OUTPUTS = [
 
 
 def decoded_outputs(items: list[Any]) -> list[Any]:
-    """Output items with their JSON output decoded."""
-    return [{**item, "output": json.loads(item["output"])} for item in items]
+    """Output items with their output read (see :func:`shown`)."""
+    return [{**item, "output": shown(item["output"])} for item in items]
 
 
 def responses_turn_sync(boundary: SyncBoundary) -> tuple[list[Any], dict[str, Any]]:
@@ -357,3 +391,133 @@ def test_responses_dict_items(sync_store: SyncStore) -> None:
     assert decoded_outputs([output]) == [
         {"type": "function_call_output", "call_id": item["call_id"], "output": {"arguments": {}}}
     ]
+
+
+def lookalike_specs() -> dict[str, ToolSpec]:
+    """``lookalike``: a tool whose own successful result is shaped like canon's error;
+    ``fail``: a tool that raises (a canon EXECUTION_FAILED)."""
+
+    def lookalike(arguments: dict[str, Any], call: ToolCall) -> Any:
+        return error_content("EXECUTION_FAILED")
+
+    def fail(arguments: dict[str, Any], call: ToolCall) -> Any:
+        raise RuntimeError("down")
+
+    def project(raw: Any, call: ToolCall) -> Projection:
+        return Projection(result=raw, evidence_status="EVIDENCE_FOUND", scope="kb")
+
+    return {
+        "lookalike": ToolSpec(executor=lookalike, projector=project),
+        "fail": ToolSpec(executor=fail, projector=project),
+    }
+
+
+def test_a_result_shaped_like_an_error_is_not_flagged(sync_store: SyncStore) -> None:
+    """A tool that answers {error_code, message} succeeded: its output is that JSON, while
+    canon's own error is flagged "Error: " (never JSON), in Chat and Responses alike."""
+    boundary = SyncBoundary(sync_store, lookalike_specs())
+    calls = [
+        function_call("call_L00kAl1keXy7Tn4Bm1Cd6", "lookalike", "{}"),
+        function_call("call_Fa1lsXy7Tn4Bm1Cd6Wq9", "fail", "{}"),
+    ]
+    _, sent = chat_turn_sync(boundary, calls)
+    result, error = (message["content"] for message in sent["messages"][2:])
+    assert json.loads(result) == error_content("EXECUTION_FAILED")
+    assert error == ERROR_PREFIX + json.dumps(
+        error_content("EXECUTION_FAILED"), separators=(",", ":")
+    )
+    assert shown(result) != shown(error) == failed("EXECUTION_FAILED")
+    items = [
+        response_function_call("fc_1", "call_L00kAl1keRe5p0nse5Xy7", "lookalike", "{}"),
+        response_function_call("fc_2", "call_Fa1lsRe5p0nse5Xy7Tn4B", "fail", "{}"),
+    ]
+    outputs = call_outputs_sync(boundary, RunContext(RUN), items)
+    assert [shown(item["output"]) for item in outputs] == [
+        error_content("EXECUTION_FAILED"),
+        failed("EXECUTION_FAILED"),
+    ]
+
+
+async def test_the_async_helpers_take_a_sync_boundary(sync_store: SyncStore) -> None:
+    """Inside asyncio, ``tool_messages`` and ``call_outputs`` run a SyncBoundary's calls on
+    its own loop: the replies come back and the records are READY."""
+    tools = Tools(together=2)
+    boundary = SyncBoundary(sync_store, tools.specs())
+    ctx = RunContext(RUN)
+    replies = await tool_messages(boundary, ctx, {"tool_calls": PARALLEL_CALLS[:2]})
+    assert decoded(replies) == decoded(
+        expected_tool_messages(PARALLEL_CALLS[:2], PARALLEL_CONTENTS[:2])
+    )
+    item = response_function_call("fc_1", "call_SyncB0undaryAs7nc01", "ping", "")
+    [output] = await call_outputs(boundary, ctx, [item])
+    assert shown(output["output"]) == {"arguments": {}}
+    for call_id in [PARALLEL_CALLS[0]["id"], "call_SyncB0undaryAs7nc01"]:
+        record = sync_store.get(RUN, call_id)
+        assert record is not None and record.state.status is Status.READY
+
+
+async def test_the_sync_helpers_refuse_an_async_boundary_before_any_record(
+    store: Store, redis: Any, namespace: str
+) -> None:
+    """``tool_messages_sync`` / ``call_outputs_sync`` given an async ToolBoundary: one
+    TypeError naming SyncBoundary, before any call is checked, run or recorded."""
+    await open_run(store)
+    tools = Tools()
+    boundary = ToolBoundary(store, tools.specs())
+    before = await namespace_keys(redis, namespace)
+    with pytest.raises(TypeError, match="SyncBoundary"):
+        tool_messages_sync(boundary, RunContext(RUN), {"tool_calls": PARALLEL_CALLS[3:4]})  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="SyncBoundary"):
+        call_outputs_sync(boundary, RunContext(RUN), [RESPONSE_OUTPUT[3]])
+    assert tools.runs == {}
+    assert await namespace_keys(redis, namespace) == before
+    assert await store.get(RUN, PARALLEL_CALLS[3]["id"]) is None
+
+
+#: Tools described once, in their ToolSpecs: the request's ``tools=`` derive from them.
+DESCRIBED = {
+    "search_kb": ToolSpec(
+        executor=lambda arguments, call: {"titles": [arguments["q"]]},
+        projector=lambda raw, call: Projection(
+            result=raw["titles"], evidence_status="EVIDENCE_FOUND"
+        ),
+        description="Search the knowledge base.",
+        input_schema={"type": "object", "properties": {"q": {"type": "string"}}},
+    ),
+    "ping": ToolSpec(
+        executor=lambda arguments, call: {},
+        projector=lambda raw, call: Projection(result=raw, evidence_status="NO_EVIDENCE"),
+    ),
+}
+
+
+def test_the_request_tools_derive_from_the_tool_specs() -> None:
+    """``chat_tools`` / ``response_tools``: each ToolSpec's description and input schema (any
+    object without one) as the function definitions the SDK sends, in the specs' order."""
+    endpoint = ScriptedOpenAI(chat_completion(None, "ok"), response([response_message("m", "ok")]))
+    with endpoint.client() as client:
+        client.chat.completions.create(model=MODEL, messages=[USER], tools=chat_tools(DESCRIBED))
+        client.responses.create(model=MODEL, input="hi", tools=response_tools(DESCRIBED))
+    search_schema = {"type": "object", "properties": {"q": {"type": "string"}}}
+    assert endpoint.requests[0]["tools"] == [
+        {
+            "type": "function",
+            "function": {
+                "name": "search_kb",
+                "parameters": search_schema,
+                "description": "Search the knowledge base.",
+            },
+        },
+        {"type": "function", "function": {"name": "ping", "parameters": {"type": "object"}}},
+    ]
+    assert endpoint.requests[1]["tools"] == [
+        {
+            "type": "function",
+            "name": "search_kb",
+            "parameters": search_schema,
+            "strict": None,
+            "description": "Search the knowledge base.",
+        },
+        {"type": "function", "name": "ping", "parameters": {"type": "object"}, "strict": None},
+    ]
+    assert chat_tools(DESCRIBED, strict=True)[0]["function"]["strict"] is True

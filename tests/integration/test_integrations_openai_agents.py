@@ -27,7 +27,8 @@ from agents import (
     set_tracing_disabled,
 )
 
-from canon.integrations.openai_agents import function_tool
+from canon.integrations.openai import ERROR_PREFIX
+from canon.integrations.openai_agents import function_tool, function_tools
 from eventstore import (
     Projection,
     RunContext,
@@ -108,14 +109,29 @@ CALLS = [
         "{}",
     ),
 ]
+
+
+def failed(code: str) -> tuple[str, dict[str, Any]]:
+    """What :func:`shown` reads for a canon error: the flag, then the safe error."""
+    return ("error", error_content(code))
+
+
 OUTPUTS = [
     ["refund policy"],
     ["shipping policy"],
     ["returns policy"],
-    error_content("EXECUTION_FAILED"),
-    error_content("UNKNOWN_TOOL"),
-    error_content("UNAUTHORIZED"),
+    failed("EXECUTION_FAILED"),
+    failed("UNKNOWN_TOOL"),
+    failed("UNAUTHORIZED"),
 ]
+
+
+def shown(text: str) -> Any:
+    """What the model reads in a tool output: a result's JSON value, or for text flagged
+    ``Error: `` the pair ("error", the safe error JSON after the flag)."""
+    if text.startswith(ERROR_PREFIX):
+        return ("error", json.loads(text.removeprefix(ERROR_PREFIX)))
+    return json.loads(text)
 
 
 def expected_outputs(calls: list[dict[str, Any]], outputs: list[Any]) -> list[dict[str, Any]]:
@@ -127,9 +143,9 @@ def expected_outputs(calls: list[dict[str, Any]], outputs: list[Any]) -> list[di
 
 
 def sent_outputs(request: dict[str, Any]) -> list[dict[str, Any]]:
-    """The function_call_output items of a request, their JSON output decoded."""
+    """The function_call_output items of a request, their output read (see :func:`shown`)."""
     return [
-        {**item, "output": json.loads(item["output"])}
+        {**item, "output": shown(item["output"])}
         for item in request["input"]
         if item.get("type") == "function_call_output"
     ]
@@ -344,7 +360,7 @@ async def test_approvals_pass_through(store: Store) -> None:
     approved, rejected = [
         item for item in endpoint.requests[1]["input"] if item.get("type") == "function_call_output"
     ]
-    assert {**approved, "output": json.loads(approved["output"])} == expected_outputs(
+    assert {**approved, "output": shown(approved["output"])} == expected_outputs(
         CALLS[:1], OUTPUTS[:1]
     )[0]
     # The SDK answers a rejected call itself, with its own message.
@@ -374,11 +390,11 @@ async def test_chat_completions_model(store: Store) -> None:
     assert result.final_output == "Done."
     assert endpoint.paths == ["/v1/chat/completions"] * 2
     sent = [m for m in endpoint.requests[1]["messages"] if m["role"] == "tool"]
-    assert [(m["tool_call_id"], json.loads(m["content"])) for m in sent] == [
+    assert [(m["tool_call_id"], shown(m["content"])) for m in sent] == [
         ("call_FthC9qRpsL5kBpwwyw6c7j4k", ["refund policy"]),
         ("call_3Rk8ZpL2vWq9Xy7Tn4Bm1Cd6", ["shipping policy"]),
-        ("call_Wd6Xe1Rf8Tg3Yh5Uj2Ik9Ol4P", error_content("EXECUTION_FAILED")),
-        ("call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6", error_content("UNAUTHORIZED")),
+        ("call_Wd6Xe1Rf8Tg3Yh5Uj2Ik9Ol4P", failed("EXECUTION_FAILED")),
+        ("call_AdM1nCa11Wq9Xy7Tn4Bm1Cd6", failed("UNAUTHORIZED")),
     ]
     assert tools.runs == {"search_kb": 2, "fail": 1}
 
@@ -452,3 +468,73 @@ async def test_sdk_timeout_on_a_sync_boundary_lets_the_call_finish(
         run_config=RUN_CONFIG,
     )
     assert sent_outputs(retry.requests[1])[0]["output"] == ["late"]
+
+
+async def test_a_result_shaped_like_an_error_is_not_flagged(store: Store) -> None:
+    """A tool whose own result is {error_code, message} succeeded: the SDK sends that JSON;
+    canon's error for a failing tool is flagged "Error: " and never parses as JSON."""
+    await open_run(store)
+
+    def lookalike(arguments: dict[str, Any], call: ToolCall) -> Any:
+        return error_content("EXECUTION_FAILED")
+
+    def project(raw: Any, call: ToolCall) -> Projection:
+        return Projection(result=raw, evidence_status="EVIDENCE_FOUND", scope="kb")
+
+    specs = {**Tools().specs(), "lookalike": ToolSpec(executor=lookalike, projector=project)}
+    boundary = ToolBoundary(store, specs)
+    calls = [
+        response_function_call("fc_l", "call_L00kAl1keAgent5Xy7Tn4", "lookalike", "{}"),
+        CALLS[3],
+    ]
+    endpoint = scripted(calls)
+    tools = [
+        function_tool(boundary, "lookalike", description="x", params_json_schema=EMPTY_SCHEMA),
+        agent_tools(boundary)[1],
+    ]
+    await Runner.run(
+        agent_on(endpoint, tools), QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG
+    )
+    result, error = (
+        item["output"]
+        for item in endpoint.requests[1]["input"]
+        if item.get("type") == "function_call_output"
+    )
+    assert json.loads(result) == error_content("EXECUTION_FAILED")
+    assert error.startswith(ERROR_PREFIX)
+    with pytest.raises(json.JSONDecodeError):
+        json.loads(error)
+    assert shown(error) == failed("EXECUTION_FAILED") != shown(result)
+
+
+async def test_function_tools_are_described_by_their_tool_specs(store: Store) -> None:
+    """``function_tools(boundary, specs)``: one FunctionTool per ToolSpec, its description
+    and input schema (made strict by the SDK) what the model is shown; the calls run."""
+    await open_run(store)
+
+    def search(arguments: dict[str, Any], call: ToolCall) -> Any:
+        return [f"{arguments['q']} policy"]
+
+    def project(raw: Any, call: ToolCall) -> Projection:
+        return Projection(result=raw, evidence_status="EVIDENCE_FOUND", scope="kb")
+
+    specs = {
+        "search_kb": ToolSpec(
+            executor=search,
+            projector=project,
+            description="Search the knowledge base.",
+            input_schema=SEARCH_SCHEMA,
+        ),
+        "ping": ToolSpec(executor=search, projector=project),
+    }
+    endpoint = scripted(CALLS[:1])
+    agent = agent_on(endpoint, function_tools(ToolBoundary(store, specs), specs))
+    await Runner.run(agent, QUESTION, context=RunContext(RUN), run_config=RUN_CONFIG)
+    shown_tools = {tool["name"]: tool for tool in endpoint.requests[0]["tools"]}
+    assert shown_tools["search_kb"]["description"] == "Search the knowledge base."
+    assert shown_tools["search_kb"]["parameters"] == {
+        **SEARCH_SCHEMA,
+        "additionalProperties": False,
+    }
+    assert shown_tools["ping"]["parameters"] == {"type": "object", "additionalProperties": False}
+    assert sent_outputs(endpoint.requests[1]) == expected_outputs(CALLS[:1], OUTPUTS[:1])

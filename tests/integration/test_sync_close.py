@@ -307,6 +307,40 @@ def test_closing_one_boundary_cuts_only_its_own_calls(redis_url: str, namespace:
             )
 
 
+def test_a_view_s_calls_are_its_boundary_s_to_close(redis_url: str, namespace: str) -> None:
+    """Calls made through ``answering_duplicates`` belong to the boundary it was made from:
+    closing that boundary cuts them too (records ERROR, callers StoreClosed), and the view
+    refuses new calls; closing the view closes the boundary."""
+    tool = SlowTool()
+    stores: list[SyncStore] = []
+    with (
+        no_thread_left(),
+        ThreadPoolExecutor(2) as callers,
+        released(tool, stores),
+        SyncStore.from_url(redis_url, namespace=namespace) as store,
+    ):
+        stores.append(store)
+        store.open_run(RUN, deadline=timedelta(minutes=5))
+        boundary = SyncBoundary(store, {TOOL: tool.spec()}, max_tool_threads=2)
+        view = boundary.answering_duplicates("replay")
+        assert view is not boundary and boundary.answering_duplicates("refuse") is boundary
+        futures = start_callers(callers, view, ["view-1", "view-2"])
+        wait_until(lambda: tool.running == 2)
+
+        boundary.close(grace_s=0.2)
+        _, not_done = wait(futures, timeout=RETURN_BOUND_S)
+        assert not not_done
+        assert all(isinstance(future.result(), StoreClosed) for future in futures)
+        assert refused(lambda: view.invoke(RunContext(RUN), envelope("view-late")))
+        for call_id in ("view-1", "view-2"):
+            record = store.get(RUN, call_id)
+            assert record is not None and record.state.status is Status.ERROR
+
+        second = SyncBoundary(store, {TOOL: ToolSpec(executor=lambda a, c: a, projector=project)})
+        second.answering_duplicates("replay").close()
+        assert refused(lambda: second.invoke(RunContext(RUN), envelope("after-view-close")))
+
+
 @pytest.mark.parametrize("grace_s", [-1, float("inf"), float("nan"), "5"])
 def test_a_grace_period_must_be_finite_seconds(
     redis_url: str, namespace: str, grace_s: Any
