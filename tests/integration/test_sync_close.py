@@ -28,20 +28,13 @@ from eventstore import (
 from eventstore.errors import InvalidArgument
 from machine.codes import ErrorCode, Status
 from tests.support.calls import RUN, TOOL, envelope, outcome
+from tests.support.waiting import no_thread_left, wait_until
 
 #: Callers of the crowded tests, and the tool threads they share.
 CALLERS, TOOL_THREADS = 64, 16
 #: Longest a caller may wait once a close began: its grace period, plus the closing of
 #: the cut records (bounded by the store timeout), plus room for a loaded machine.
 RETURN_BOUND_S = 20.0
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
-    """Return once ``condition()`` holds; fail past ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def project(raw: Any, call: ToolCall) -> Projection:
@@ -86,14 +79,6 @@ def call_or_error(boundary: SyncBoundary, call_id: str) -> AgentReply | BaseExce
         return boundary.invoke(RunContext(RUN), envelope(call_id, arguments={"q": call_id}))
     except BaseException as exc:
         return exc
-
-
-@contextmanager
-def no_thread_left() -> Iterator[None]:
-    """Unless the test failed, wait until every thread started inside is gone."""
-    before = set(threading.enumerate())
-    yield
-    wait_until(lambda: set(threading.enumerate()) - before == set(), timeout_s=30)
 
 
 @contextmanager

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import timedelta
@@ -18,19 +18,12 @@ from machine.codes import ErrorCode, Status
 from machine.failure_detail import decode_failure_detail
 from projections.metrics import Metrics
 from tests.support.calls import RUN, assert_safe_error, envelope, outcome
+from tests.support.waiting import no_thread_left, wait_until
 
 #: The blocked tool's time limit: long enough for every blocked call to have started.
 LIMIT_S = 2.0
 #: Longest wait for an answer that must come at once (far below a stall, which is forever).
 AT_ONCE_S = 5.0
-
-
-def wait_until(condition: Callable[[], bool], timeout_s: float = 10) -> None:
-    """Return once ``condition()`` holds; fail past ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        assert time.monotonic() < deadline, "condition not reached in time"
-        time.sleep(0.005)
 
 
 def project(raw: Any, call: ToolCall) -> Projection:
@@ -56,14 +49,6 @@ class BlockedTool:
 def quick(arguments: Any, call: ToolCall) -> Any:
     """A plain tool without a time limit that returns at once."""
     return {"quick": True}
-
-
-@contextmanager
-def no_thread_left() -> Iterator[None]:
-    """Unless the test failed, wait until every thread started inside is gone."""
-    before = set(threading.enumerate())
-    yield
-    wait_until(lambda: set(threading.enumerate()) - before == set(), timeout_s=30)
 
 
 @contextmanager
