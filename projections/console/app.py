@@ -358,6 +358,29 @@ class Console:
         self._set_cookie(request, response, "", 0)
         return response
 
+    async def _reveal(self, request: Request, run_id: str, inv_id: str) -> Response:
+        """The payloads page with nothing masked, for a POST with the session's CSRF token.
+
+        Each reveal is logged (``payloads_revealed``, naming the run and the invocation
+        only), so an audit of the console's log shows who could have seen what, when.
+        """
+        try:
+            form = await read_form(request, frozenset({"csrf"}))
+        except FormRefused as refused:
+            return self._refused(request, refused)
+        if not self._auth.check_csrf(self._cookie(request), form.get("csrf")):
+            log.warning("console_change_refused", reason="csrf", route="payloads")
+            return self._error(
+                request, 403, "Refused: revealing needs your login session's form token."
+            )
+        if not (is_run_id(run_id) and is_invocation_id(inv_id)):
+            return self._error(request, 404, "No such invocation.")
+        found = await views.payloads_page(self._store, run_id, inv_id, reveal=True)
+        if found is None:
+            return self._error(request, 404, "No such invocation (it may have expired).")
+        log.warning("payloads_revealed", run_id=run_id, invocation_id=inv_id)
+        return self._page(request, "payloads.html", run_id=run_id, call=found[0], payloads=found[1])
+
     async def _answer(self, request: Request) -> Response:
         path: str = request.scope["path"]
         method = request.method
@@ -378,6 +401,8 @@ class Console:
             response = self._error(request, 405, "Log out with the console's button (a POST).")
             response.headers["Allow"] = "POST"
             return response
+        if method == "POST" and (reveal := _CALL.fullmatch(path)) and reveal.group(3):
+            return await self._reveal(request, reveal.group(1), reveal.group(2))
         if method != "GET":
             return self._error(request, 405, "Method not allowed: the console only reads.")
         query = request.query_params

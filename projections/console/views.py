@@ -25,6 +25,7 @@ from eventstore.errors import redis_errors
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
+from machine.scrub import FILTERED, Scrub
 from projections.console.timeline import Timeline, layout
 from projections.receipts.builder import encode_receipt
 from projections.receipts.inspection import (
@@ -120,13 +121,15 @@ class InvocationView(msgspec.Struct, frozen=True, kw_only=True):
 class Payload(msgspec.Struct, frozen=True, kw_only=True):
     """One harness-only payload as shown: its name, size and text (None: not stored).
 
-    ``shown_bytes`` is how much of it the text holds when it was cut.
+    ``shown_bytes`` is how much of it the text holds when it was cut; ``masked`` how many
+    values that look like secrets the text shows as ``[Filtered]`` (0 once revealed).
     """
 
     name: str
     size: int | None
     text: str | None
     shown_bytes: int | None = None
+    masked: int = 0
 
 
 async def runs_page(store: Store, cursor: str | None, limit: int = 25) -> RunPage:
@@ -253,23 +256,42 @@ async def invocation_page(store: Store, run_id: str, invocation_id: str) -> Invo
     )
 
 
-def _payload(name: str, data: bytes | None) -> Payload:
+def _payload(name: str, data: bytes | None, scrub: Scrub | None) -> Payload:
     if data is None:
         return Payload(name=name, size=None, text=None)
     # Cut at a byte count; a character split there shows as one replacement character.
     shown = data[:PAYLOAD_SHOWN_BYTES]
+    text = shown.decode("utf-8", "replace")
+    masked = 0
+    if scrub is not None:
+        scrubbed = _masked(scrub, text)
+        masked = max(scrubbed.count(FILTERED) - text.count(FILTERED), 0)
+        text = scrubbed if masked else text
     return Payload(
         name=name,
         size=len(data),
-        text=shown.decode("utf-8", "replace"),
+        text=text,
         shown_bytes=len(shown) if len(shown) < len(data) else None,
+        masked=masked,
     )
 
 
+def _masked(scrub: Scrub, text: str) -> str:
+    """``text`` with its secrets masked; hidden whole when the store's scrubber fails."""
+    try:
+        return str(scrub(text))
+    except Exception:
+        return FILTERED
+
+
 async def payloads_page(
-    store: Store, run_id: str, invocation_id: str
+    store: Store, run_id: str, invocation_id: str, *, reveal: bool = False
 ) -> tuple[CallRow, list[Payload]] | None:
-    """The harness-only payloads of one invocation, or None when it is not stored."""
+    """The harness-only payloads of one invocation, or None when it is not stored.
+
+    The record keeps them whole (they are the audit record); the page masks what looks
+    like a secret with the store's scrubber (``StoreSettings.scrub``) unless ``reveal``.
+    """
     call = await _call(store, run_id, invocation_id)
     if call is None:
         return None
@@ -277,7 +299,10 @@ async def payloads_page(
     if record is None:
         return None
     return call, [
-        _payload("request", record.request),
-        _payload("raw response", record.raw),
-        _payload("agent result", record.result),
+        _payload(name, data, None if reveal else store.settings.scrub)
+        for name, data in (
+            ("request", record.request),
+            ("raw response", record.raw),
+            ("agent result", record.result),
+        )
     ]
