@@ -28,7 +28,11 @@ from eventstore.store import Store
 
 
 def print_status(console: Console, status: NamespaceStatus) -> None:
-    """Print the health figures for a human."""
+    """Print the health figures for a human.
+
+    Consumer groups with nothing pending and no lag say nothing: one line counts them
+    instead of a row each (16 shards make 32 such rows). ``--json`` keeps every row.
+    """
     console.print(f"namespace {status.namespace} · {status.shards} shards")
     records = Table(title="records by status", title_justify="left")
     records.add_column("status")
@@ -40,11 +44,18 @@ def print_status(console: Console, status: NamespaceStatus) -> None:
     groups = Table(title="projections (consumer groups)", title_justify="left")
     for name in ("shard", "group", "consumers", "pending", "lag"):
         groups.add_column(name, justify="left" if name == "group" else "right")
+    idle = 0
     for group in status.groups:
+        if group.pending == 0 and group.lag == 0:
+            idle += 1
+            continue
         lag = "?" if group.lag is None else f"{'≥' if group.lag_capped else ''}{group.lag}"
         groups.add_row(str(group.shard), group.group, str(group.consumers), str(group.pending), lag)
     if not status.groups:
         groups.add_row("-", "no consumer groups yet", "", "", "")
+    elif idle:
+        caught_up = "every group" if idle == len(status.groups) else f"{idle} more groups"
+        groups.add_row("-", f"{caught_up}: nothing pending, no lag", "", "", "")
     console.print(groups)
     console.print(f"feed entries (all shards): {status.feed_entries}")
     console.print(f"dead letters: {status.dead_letters}")

@@ -105,6 +105,25 @@ async def test_human_status_prints_tables_and_warnings(
     assert ("WARNING" in out) == (code == 1)
 
 
+async def test_human_status_lists_only_rows_that_say_something(
+    store: Store, redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Groups with nothing pending and no lag are one line that counts them, while a group
+    with work is listed; --json keeps every row."""
+    await populate(store)
+    shard = shard_of(RUN, store.keys.shards)
+    for each in range(store.keys.shards):
+        await redis.xgroup_create(store.keys.feed(each), "receipts", id="$", mkstream=True)
+    await redis.xgroup_create(store.keys.feed(shard), "progress", id="0")
+    _, out, _ = await run_cli(capsys, redis_url, namespace, "status")
+    lines = out.splitlines()
+    assert sum("progress" in line for line in lines) == 1  # the one group with lag
+    assert f"{store.keys.shards} more groups: nothing pending, no lag" in out
+    assert not any("receipts" in line for line in lines)
+    _, document = await status_json(capsys, redis_url, namespace)
+    assert len(document["groups"]) == store.keys.shards + 1
+
+
 async def test_status_shows_the_cost_settings_it_read(
     redis: Redis, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
