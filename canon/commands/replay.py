@@ -1,4 +1,8 @@
-"""``canon replay RUN_ID [TOOL_CALL_ID]``: what happened to each call, and is it intact."""
+"""``canon replay RUN_ID [TOOL_CALL_ID]``: what happened to each call, and is it intact.
+
+A run is one line per call (created, call, tool, status, evidence, duration, code,
+verdict); ``--events`` (or naming one call) shows each call's whole timeline.
+"""
 
 from __future__ import annotations
 
@@ -220,6 +224,27 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
     console.print("[green]INTACT[/green]" if verdict.intact else "[red]NOT INTACT[/red]")
 
 
+def run_table(replays: list[InvocationReplay]) -> Table:
+    """One row per call of a run, in creation order: what happened and whether it holds."""
+    table = Table(box=box.SIMPLE_HEAD, title="calls", title_justify="left")
+    for name in ("created", "call", "tool", "status", "evidence", "ms", "code", "verdict"):
+        table.add_column(name, justify="right" if name == "ms" else "left", overflow="fold")
+    for replay in replays:
+        state = replay.record or replay.folded
+        times = [step.at_ms for step in replay.timeline if step.at_ms is not None]
+        table.add_row(
+            _when(times[0] if times else None),
+            escape(replay.tool_call_id),
+            "?" if state is None else escape(state.tool),
+            "?" if state is None else state.status.value,
+            "?" if state is None else state.evidence_status.value,
+            str(times[-1] - times[0]) if len(times) > 1 else "",
+            "" if state is None or state.error_code is None else state.error_code.value,
+            "[green]INTACT[/green]" if replay.verdict.intact else "[red]NOT INTACT[/red]",
+        )
+    return table
+
+
 def _handle(args: argparse.Namespace) -> int:
     if bad_ids(args.run_id, args.tool_call_id or None):
         return RET_USAGE
@@ -236,11 +261,19 @@ def _handle(args: argparse.Namespace) -> int:
             print_json(document)
         else:
             console = stdout_console()
-            for replay in replays:
-                print_replay(console, replay)
+            if args.events or args.tool_call_id:
+                for replay in replays:
+                    print_replay(console, replay)
+            elif replays:
+                console.print(run_table(replays))
             broken = sum(not replay.verdict.intact for replay in replays)
             if replays:
                 console.print(f"{len(replays)} invocation(s) replayed, {broken} not intact")
+            if replays and not (args.events or args.tool_call_id):
+                console.print(
+                    "each call's events: add --events, or name one call after RUN_ID",
+                    highlight=False,
+                )
         if not replays:
             fail("no invocation found for that run (absent or expired)")
         return RET_OK if intact else RET_PROBLEM
@@ -255,7 +288,9 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "replay",
         help="re-fold a run's invocations from their journals and judge their records",
         description=(
-            "Show each invocation's timeline (version, event, time, sizes, digests, state "
+            "List a run's calls, one line each (created, tool, status, evidence, duration, "
+            "error code, verdict); with --events, or for one named call, show each "
+            "invocation's timeline (version, event, time, sizes, digests, state "
             "after each event), the state re-folded through the machine, and a verdict: "
             "chain intact, every transition legal, record equal to its fold, every payload "
             "digest matching, expiry set. A failed call's harness-only failure detail "
@@ -271,3 +306,6 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "tool_call_id", metavar="TOOL_CALL_ID", nargs="?", help="replay only this call"
     )
     parser.add_argument("--json", action="store_true", help="one JSON document on stdout")
+    parser.add_argument(
+        "--events", action="store_true", help="each call's whole timeline, not one line a call"
+    )

@@ -139,6 +139,29 @@ async def test_human_replay_answers_what_happened_to_the_call(
     assert "marker-request-7c1" not in out
 
 
+async def test_a_run_is_one_line_per_call_and_events_on_request(
+    store: Store, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``canon replay RUN`` lists each call on one line (call, tool, status, evidence, code,
+    verdict) and no timeline; ``--events`` shows every call's timeline as one call's
+    replay does."""
+    await populate(store)
+    code, out, _ = await run_cli(capsys, redis_url, namespace, "replay", RUN)
+    assert code == 0
+    rows = [line for line in out.splitlines() if "call-" in line]
+    assert len(rows) == len(CALLS)
+    for call, (status, evidence) in CALLS.items():
+        (row,) = [line for line in rows if f" {call} " in line]
+        assert status in row and evidence in row and "INTACT" in row
+    assert "EXECUTION_FAILED" in next(line for line in rows if " call-fail " in line)
+    assert "Preflighted" not in out and "4 invocation(s) replayed, 0 not intact" in out
+    assert "--events" in out  # says how to see the events
+
+    code, events, _ = await run_cli(capsys, redis_url, namespace, "replay", RUN, "--events")
+    assert code == 0
+    assert events.count("Preflighted") == len(CALLS) and "every transition legal" in events
+
+
 async def test_replay_never_prints_payload_bytes(
     store: Store, redis_url: str, namespace: str, capsys: pytest.CaptureFixture[str]
 ) -> None:
