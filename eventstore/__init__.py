@@ -14,7 +14,7 @@ from eventstore.boundary import (
 )
 from eventstore.errors import CanonError, Refused, StoreClosed, StoreUnavailable, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
-from eventstore.runs import OpenedRun, RunInfo
+from eventstore.runs import OpenedRun, Refusal, RunInfo
 from eventstore.server.durability import DurabilityError
 from eventstore.settings import StoreSettings
 from eventstore.store import Store
@@ -30,6 +30,7 @@ __all__ = [
     "Limits",
     "OpenedRun",
     "Projection",
+    "Refusal",
     "Refused",
     "ReplicationTimeout",
     "RunContext",

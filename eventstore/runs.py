@@ -10,7 +10,7 @@ import hashlib
 import hmac
 import secrets
 from collections.abc import Mapping
-from typing import Final, cast
+from typing import Any, Final, cast
 
 import msgspec
 from redis.asyncio import Redis
@@ -58,6 +58,56 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     used: dict[str, int]
     revoked: frozenset[str]
     invocations: int
+    refused: dict[str, int] = msgspec.field(default_factory=dict)
+
+
+class Refusal(msgspec.Struct, frozen=True, kw_only=True):
+    """One entry of a run's refusal log: a call turned away before any record existed.
+
+    Attributes:
+        entry_id: the log's stream entry id.
+        at_ms: when it was refused (the server's clock, ms since epoch).
+        tool: the tool name sent, or None when it was not a tool name.
+        tool_call_id: the tool call id sent, or None when it was not an acceptable id
+            (never stored then).
+        tool_call_id_bytes: the UTF-8 size of the tool call id sent.
+        code: the error code the call got.
+
+    """
+
+    entry_id: str
+    at_ms: int
+    tool: str | None
+    tool_call_id: str | None
+    tool_call_id_bytes: int
+    code: str
+
+
+#: The run hash's field prefix of a refusal count (``refused:<code>``, set by the scripts).
+REFUSED_PREFIX: Final = "refused:"
+
+
+def refused_counts(fields: Mapping[str, Any]) -> dict[str, int]:
+    """The refusal counts per error code a run hash's fields hold (decoded field names)."""
+    return {
+        name[len(REFUSED_PREFIX) :]: int(value)
+        for name, value in fields.items()
+        if name.startswith(REFUSED_PREFIX)
+    }
+
+
+def refusal_of(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> Refusal:
+    """Build a :class:`Refusal` from one refusal log entry as XRANGE/XREVRANGE return it."""
+    call = fields.get(b"call")
+    tool = fields.get(b"tool")
+    return Refusal(
+        entry_id=entry_id.decode() if isinstance(entry_id, bytes) else entry_id,
+        at_ms=int(fields[b"at"]),
+        tool=tool.decode() if tool is not None else None,
+        tool_call_id=call.decode() if call is not None else None,
+        tool_call_id_bytes=len(call) if call is not None else int(fields.get(b"call_bytes", 0)),
+        code=fields[b"code"].decode(),
+    )
 
 
 def token_digest(token: str) -> str:
@@ -189,7 +239,26 @@ class RunRegistry:
             used=used,
             revoked=frozenset(name[8:] for name in fields if name.startswith("revoked:")),
             invocations=sum(1 for name in fields if name.startswith("inv:")),
+            refused=refused_counts(fields),
         )
+
+    async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:
+        """Return the run's latest refusals, newest first (read-only, one XREVRANGE).
+
+        Raises:
+            InvalidArgument: ``limit`` is not a whole number of at least 1.
+
+        """
+        if type(limit) is not int or limit < 1:
+            raise InvalidArgument("limit must be a whole number of at least 1")
+        if not is_run_id(run_id):
+            return []
+        async with redis_errors():
+            entries = cast(
+                list[tuple[bytes, dict[bytes, bytes]]],
+                await self._client.xrevrange(self._keys.refusals(run_id), "+", "-", count=limit),
+            )
+        return [refusal_of(entry_id, fields) for entry_id, fields in entries]
 
     async def authenticate(self, token: str) -> str | None:
         """Return the run id an access token belongs to, or None (compared in constant time)."""

@@ -53,9 +53,11 @@ class StoreSettings:
             stored (:mod:`machine.scrub`). As an option of ``Store``: None (the default
             scrubber), a list of regular expressions (the default plus these), or a
             callable ``str -> str`` (which replaces the default).
+        refusals_kept: how many entries each run's refusal log keeps (the newest; see
+            :meth:`~eventstore.store.Store.refusals`).
 
     Raises:
-        InvalidArgument: ``ttl`` is not positive.
+        InvalidArgument: ``ttl`` is not positive, or ``refusals_kept`` is below 1.
 
     """
 
@@ -69,10 +71,13 @@ class StoreSettings:
     replica_timeout_ms: int = DEFAULT_REPLICA_TIMEOUT_MS
     read_only: bool = False
     scrub: Scrub = scrub_secrets
+    refusals_kept: int = 1000
 
     def __post_init__(self) -> None:
         if self.ttl <= timedelta(0):
             raise InvalidArgument("ttl must be positive")
+        if type(self.refusals_kept) is not int or self.refusals_kept < 1:
+            raise InvalidArgument("refusals_kept must be a whole number of at least 1")
 
     @property
     def ttl_ms(self) -> int:
@@ -111,3 +116,4 @@ class StoreOptions(TypedDict, total=False):
     replica_timeout_ms: int
     read_only: bool
     scrub: Scrub | Iterable[str] | None
+    refusals_kept: int

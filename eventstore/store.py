@@ -23,7 +23,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from eventstore.errors import InvalidArgument, NamespaceMismatch, WrongEventLoop, redis_errors
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
-from eventstore.runs import OpenedRun, RunInfo, RunRegistry
+from eventstore.runs import OpenedRun, Refusal, RunInfo, RunRegistry
 from eventstore.server.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.settings import (
     DEFAULT_TTL,
@@ -146,6 +146,7 @@ class Store:
             self._scripts,
             ttl_ms=self.settings.ttl_ms,
             feed_retention_ms=self.settings.feed_retention_ms,
+            refusals_kept=self.settings.refusals_kept,
         )
         self._reader = Reader(self.client, keys)
         self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)
@@ -343,6 +344,21 @@ class Store:
         """Return a run's registry entry, or None."""
         self.check_loop()
         return await self.runs.info(run_id)
+
+    async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:
+        """Return the run's latest refusals, newest first (at most ``limit``).
+
+        A refusal is a call turned away before any record existed (preflight, the run's
+        state, a duplicate, a budget); the run keeps its last ``refusals_kept`` and counts
+        every one per code (:attr:`RunInfo.refused`). Read-only: no TTL changes. Empty for
+        an unknown, expired or unsafe run id.
+
+        Raises:
+            InvalidArgument: ``limit`` is not a whole number of at least 1.
+
+        """
+        self.check_loop()
+        return await self.runs.refusals(run_id, limit=limit)
 
     async def set_paused(self, paused: bool) -> None:
         """Pause or resume tool execution in the whole namespace (every shard's switch)."""

@@ -39,7 +39,7 @@ from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
 from eventstore.boundary.tool_threads import DEFAULT_EXECUTOR_THREADS, shutdown_within
 from eventstore.errors import InvalidArgument, StoreClosed, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
-from eventstore.runs import OpenedRun, RunInfo
+from eventstore.runs import OpenedRun, Refusal, RunInfo
 from eventstore.server.durability import DurabilityMode, DurabilityReport
 from eventstore.store import Store
 from machine.limits import Limits
@@ -398,6 +398,10 @@ class SyncStore:
     def run_info(self, run_id: str) -> RunInfo | None:
         """Return a run's registry entry, or None."""
         return self.call(self._store.run_info(run_id))
+
+    def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:
+        """Return the run's latest refusals, newest first (see :meth:`Store.refusals`)."""
+        return self.call(self._store.refusals(run_id, limit=limit))
 
     def set_paused(self, paused: bool) -> None:
         """Pause or resume tool execution in the whole namespace."""

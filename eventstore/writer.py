@@ -25,6 +25,10 @@ from eventstore.wire.scripts import (
     CreateArgv,
     CreateKeys,
     CreateScript,
+    RefusalLogging,
+    RefuseArgv,
+    RefuseKeys,
+    RefuseScript,
     Scripts,
 )
 from machine.codes import ErrorCode, EvidenceStatus
@@ -42,7 +46,7 @@ from machine.events import (
     payload_digest,
 )
 from machine.fold import record_pairs
-from machine.ids import invocation_id, is_tool_name
+from machine.ids import invocation_id, is_run_id, is_tool_name
 
 
 def now_ms() -> int:
@@ -116,6 +120,13 @@ def _next_event(head: Head) -> dict[str, Any]:
     }
 
 
+def _utf8_bytes(value: object) -> int:
+    """The UTF-8 size of an id as sent (lone surrogates counted as encoded; 0 for none)."""
+    if isinstance(value, str):
+        return len(value.encode("utf-8", "surrogatepass"))
+    return len(value) if isinstance(value, bytes | bytearray) else 0
+
+
 class Writer:
     """Appends events through the store's scripts."""
 
@@ -127,6 +138,7 @@ class Writer:
         *,
         ttl_ms: int,
         feed_retention_ms: int,
+        refusals_kept: int = 1000,
     ) -> None:
         """Write through ``scripts`` on ``client`` (they carry the batcher, if any).
 
@@ -143,11 +155,22 @@ class Writer:
         self._scripts = scripts
         self._ttl_ms = ttl_ms
         self._feed_retention_ms = feed_retention_ms
+        self._refusals_kept = refusals_kept
 
     async def append(
-        self, event: Event, payload: bytes | None = None, *, run_id: str, tool_call_id: str
+        self,
+        event: Event,
+        payload: bytes | None = None,
+        *,
+        run_id: str,
+        tool_call_id: str,
+        log_refusals: RefusalLogging = "all",
     ) -> Head:
         """Append one prepared event (and its payload, if its type has one).
+
+        A creation the run refuses (budgets, duplicate, deadline, pause...) is put on the
+        run's refusal log by the same script, as ``log_refusals`` says (see
+        :data:`~eventstore.wire.scripts.RefusalLogging`).
 
         Raises:
             InvalidArgument: an unsafe run id or tool call id, or (for a creation) a tool
@@ -171,7 +194,9 @@ class Writer:
         if isinstance(event, Preflighted):
             committed = await self._scripts.create(
                 CreateScript.arguments(
-                    CreateKeys(keys.record, keys.stream, keys.feed, keys.run, keys.control),
+                    CreateKeys(
+                        keys.record, keys.stream, keys.feed, keys.run, keys.control, keys.refusals
+                    ),
                     CreateArgv(
                         event_id=event.event_id,
                         event_hash=hash_,
@@ -185,6 +210,8 @@ class Writer:
                         retention_ms=self._feed_retention_ms,
                         version=event.version,
                         prev_hash=event.prev_hash,
+                        refusals_kept=self._refusals_kept,
+                        log_refusals=log_refusals,
                     ),
                     group_args=pairs,
                 )
@@ -229,6 +256,39 @@ class Writer:
         """
         event = preflighted(run_id, tool_call_id, tool, request)
         return await self.append(event, request, run_id=run_id, tool_call_id=tool_call_id)
+
+    async def record_refusal(
+        self, run_id: str, tool: object, tool_call_id: object, code: ErrorCode
+    ) -> bool:
+        """Put a call refused before any script (preflight) on its run's refusal log.
+
+        One script call: one entry (time, tool, tool call id, code) and one more count of
+        ``code`` in the run hash, only while the run exists. A tool name that is not one is
+        left out; a tool call id this layout would not hold is recorded by its UTF-8 size
+        only, never stored. Returns False (nothing written) when ``run_id`` is not a run id
+        or the run does not exist.
+
+        Raises:
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        if not is_run_id(run_id):
+            return False
+        kept_id = tool_call_id if isinstance(tool_call_id, str) else ""
+        if not self._keys.accepts_tool_call_id(kept_id):
+            kept_id = ""  # recorded by its size only
+        return await self._scripts.refuse(
+            RefuseScript.arguments(
+                RefuseKeys(run=self._keys.run(run_id), refusals=self._keys.refusals(run_id)),
+                RefuseArgv(
+                    tool=tool if isinstance(tool, str) and is_tool_name(tool) else "",
+                    tool_call_id=kept_id,
+                    tool_call_id_bytes=_utf8_bytes(tool_call_id),
+                    code=code.value,
+                    refusals_kept=self._refusals_kept,
+                ),
+            )
+        )
 
     async def start_projecting(self, head: Head, raw: bytes) -> Head:
         """Store the executor's complete raw response (ProjectingStarted)."""

@@ -51,6 +51,8 @@ SCOPE: Final = "bench corpus"
 #: Feed retention the floor passes, as a store with the default TTL does.
 RETENTION_MS: Final = 25 * 3600 * 1000
 TTL_MS: Final = 24 * 3600 * 1000
+#: Entries a run's refusal log keeps (the store's default).
+REFUSALS_KEPT: Final = 1000
 
 
 def run_id_for(mode: str, repeat: int, concurrency: int, task: int) -> str:
@@ -205,6 +207,7 @@ class FloorArgs:
                 feed=k.feed_of(run_id),
                 run=k.run(run_id),
                 control=k.control_of(run_id),
+                refusals=k.refusals(run_id),
             ),
             CreateArgv(
                 event_id=EVENT_ID,
@@ -219,6 +222,8 @@ class FloorArgs:
                 retention_ms=RETENTION_MS,
                 version=1,
                 prev_hash=GENESIS_HASH,
+                refusals_kept=REFUSALS_KEPT,
+                log_refusals="all",
             ),
             group_args=fields,
         )

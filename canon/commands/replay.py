@@ -25,6 +25,7 @@ from canon.commands.readonly import (
 )
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import InvocationReplay, replay_invocation, replay_run
+from eventstore.runs import Refusal
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
 from projections.receipts.builder import iso_ms
@@ -245,6 +246,29 @@ def run_table(replays: list[InvocationReplay]) -> Table:
     return table
 
 
+def print_refusals(console: Console, refusals: list[Refusal], counts: dict[str, int]) -> None:
+    """The run's refusal counts per code, then its latest refusals, newest first."""
+    total = sum(counts.values())
+    per_code = ", ".join(f"{code} {count}" for code, count in sorted(counts.items()))
+    console.print(
+        f"refused before any record: {total} ({per_code}); the latest {len(refusals)}:",
+        highlight=False,
+        soft_wrap=True,
+    )
+    table = Table(box=box.SIMPLE_HEAD)
+    for name in ("refused", "call", "tool", "code"):
+        table.add_column(name, overflow="fold")
+    for refusal in refusals:
+        call = refusal.tool_call_id
+        table.add_row(
+            _when(refusal.at_ms),
+            escape(call) if call is not None else f"(unsafe id, {refusal.tool_call_id_bytes} B)",
+            escape(refusal.tool) if refusal.tool is not None else "(not a tool name)",
+            refusal.code,
+        )
+    console.print(table)
+
+
 def _handle(args: argparse.Namespace) -> int:
     if bad_ids(args.run_id, args.tool_call_id or None):
         return RET_USAGE
@@ -255,9 +279,22 @@ def _handle(args: argparse.Namespace) -> int:
             replays = [one] if one is not None else []
         else:
             replays = await replay_run(store, args.run_id)
+        refused: dict[str, int] = {}
+        refusals: list[Refusal] = []
+        if not args.tool_call_id:
+            info = await store.run_info(args.run_id)
+            refused = info.refused if info is not None else {}
+            if refused:
+                refusals = await store.refusals(args.run_id, limit=1000 if args.json else 20)
         intact = bool(replays) and all(replay.verdict.intact for replay in replays)
         if args.json:
-            document = {"run_id": args.run_id, "intact": intact, "invocations": replays}
+            document = {
+                "run_id": args.run_id,
+                "intact": intact,
+                "invocations": replays,
+                "refused": refused,
+                "refusals": refusals,
+            }
             print_json(document)
         else:
             console = stdout_console()
@@ -274,6 +311,8 @@ def _handle(args: argparse.Namespace) -> int:
                     "each call's events: add --events, or name one call after RUN_ID",
                     highlight=False,
                 )
+            if refused:
+                print_refusals(console, refusals, refused)
         if not replays:
             fail("no invocation found for that run (absent or expired)")
         return RET_OK if intact else RET_PROBLEM

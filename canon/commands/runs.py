@@ -44,10 +44,12 @@ def print_runs(console: Console, page: RunPage, namespace: str) -> None:
         return
     table = Table(
         title=f"runs of namespace {namespace}, newest first",
-        caption="calls: invocations still stored, by status; budget: used / total",
+        caption="calls: invocations still stored, by status; budget: used / total; "
+        "refused: calls turned away before any record",
         caption_justify="left",
     )
-    for column in ("run", "status", "opened", "deadline", "READY", "ERROR", "PROJ.", "budget"):
+    columns = ("run", "status", "opened", "deadline", "READY", "ERROR", "PROJ.", "refused")
+    for column in (*columns, "budget"):
         table.add_column(column, no_wrap=True, justify="left" if column[0].islower() else "right")
     for run in page.runs:
         total = "-" if run.budget_total is None else str(run.budget_total)
@@ -59,9 +61,14 @@ def print_runs(console: Console, page: RunPage, namespace: str) -> None:
             str(run.calls.get("READY", 0)),
             str(run.calls.get("ERROR", 0)),
             str(run.calls.get("PROJECTING", 0)),
+            str(sum(run.refused.values())),
             f"{run.budget_used}/{total}",
         )
     console.print(table)
+    for run in page.runs:
+        if run.refused:
+            codes = ", ".join(f"{code} {count}" for code, count in sorted(run.refused.items()))
+            console.print(f"refused in {run.run_id}: {codes}", highlight=False, soft_wrap=True)
     if page.cursor is not None:
         console.print(f"older runs: canon runs --cursor {page.cursor}", soft_wrap=True)
 

@@ -16,6 +16,7 @@ from typing import Final, Literal, cast
 import msgspec
 
 from eventstore.errors import InvalidArgument, redis_errors
+from eventstore.runs import refused_counts
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import Status
@@ -39,6 +40,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
         calls: calls by status (READY, ERROR, PROJECTING) among its records still stored.
         budget_used: invocations it created.
         budget_total: its run budget, None for none.
+        refused: calls turned away before any record existed, counted per error code.
 
     """
 
@@ -50,6 +52,7 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     calls: dict[str, int]
     budget_used: int
     budget_total: int | None
+    refused: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class RunPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -154,6 +157,7 @@ async def _summaries(
                 calls=dict(calls),
                 budget_used=int(fields.get("used_total", b"0")),
                 budget_total=int(budget) if budget is not None else None,
+                refused=refused_counts(fields),
             )
         )
     return found

@@ -24,9 +24,10 @@ class CallTrace:
     """One call's decisions so far and the logger that reports them: ids, never payloads.
 
     Decisions are logged as they are taken: ``invocation_refused`` (INFO) when a call is
-    turned away before any record exists, ``event_committed`` (DEBUG) for each lifecycle
-    event written, and one ``invocation_finished`` per call, INFO unless a call that got
-    past its refusals ended in ERROR (WARNING).
+    turned away before any record exists (naming no invocation id: there is none),
+    ``event_committed`` (DEBUG) for each lifecycle event written, and one
+    ``invocation_finished`` per call, INFO unless a call that got past its refusals ended
+    in ERROR (WARNING).
     """
 
     __slots__ = (
@@ -68,8 +69,14 @@ class CallTrace:
         self.replayed = False
 
     def refuse(self, code: ErrorCode, stage: str) -> ToolError:
-        """Log a refusal at ``stage`` (nothing was written, so no version) and return it."""
+        """Log a refusal at ``stage`` (nothing was written, so no version) and return it.
+
+        A refused call has no invocation: from here on its lines name the run, the call
+        and the code, and no invocation id (a new dict: a span started with the old one
+        keeps it).
+        """
         self.refused = True
+        self.ids = {**self.ids, "invocation_id": None}
         self.logger.info(
             "invocation_refused",
             **self.ids,

@@ -137,7 +137,7 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_fiel
         tool_call_id: the framework's id of the call this answers; None when that id was
             refused (an unsafe id is never echoed).
         invocation_id: the canonical record's public id when a record holds this outcome,
-            else None (a refusal before creation stores nothing).
+            else None (a refusal before creation creates no record).
 
     """
 

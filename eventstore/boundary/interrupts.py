@@ -69,8 +69,14 @@ async def close_interrupted(
             return None
         event, request = creation
         try:
+            # Sent again only to find the record: a refusal now was answered (and put on
+            # the run's refusal log) by the first send, if it landed.
             head = await writer.append(
-                event, request, run_id=event.run_id, tool_call_id=event.tool_call_id
+                event,
+                request,
+                run_id=event.run_id,
+                tool_call_id=event.tool_call_id,
+                log_refusals="none",
             )
         except Refused:
             return None  # refused again (a duplicate, a budget...): nothing of ours exists

@@ -1,6 +1,7 @@
 """``ToolBoundary``: the one way a harness runs a tool.
 
-Order of one call: preflight (nothing executed, nothing stored) → the creation script
+Order of one call: preflight (nothing executed; a refusal goes on the run's refusal
+log, nothing else is stored) → the creation script
 (run state, pause, duplicate and budgets, checked atomically with the record's creation)
 → executor → raw response stored complete → projector → bounded result stored → the
 agent receives that result, or a stable error code with its fixed message. Nothing raised
@@ -15,6 +16,7 @@ caller (:mod:`eventstore.boundary.interrupts`) and the OpenTelemetry span of eac
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import copy
 import math
 import time
@@ -40,7 +42,13 @@ from eventstore.boundary.interrupts import Interruptions, caller_cancelled
 from eventstore.boundary.registered_tools import RegisteredTool, call_tool_function, check_tools
 from eventstore.boundary.tool_threads import ToolThreads
 from eventstore.boundary.tracing import InvocationSpan, tracing
-from eventstore.errors import InvalidArgument, RecordExpired, Refused, StoreUnavailable
+from eventstore.errors import (
+    CanonError,
+    InvalidArgument,
+    RecordExpired,
+    Refused,
+    StoreUnavailable,
+)
 from eventstore.store import Store
 from eventstore.wire.deadlines import Deadlines
 from eventstore.writer import Head, preflighted
@@ -261,6 +269,7 @@ class ToolBoundary:
         try:
             tool, request = self._preflight(ctx, envelope)
         except CallStop as stop:
+            await self._record_refusal(ctx.run_id, envelope.tool, envelope.tool_call_id, stop.code)
             return trace.refuse(stop.code, "preflight")
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
         # Built before it is sent, so that an interrupted creation can be sent again.
@@ -270,7 +279,15 @@ class ToolBoundary:
             head = await self._commit(
                 trace,
                 "Preflighted",
-                writer.append(creation, request, run_id=run_id, tool_call_id=tool_call_id),
+                writer.append(
+                    creation,
+                    request,
+                    run_id=run_id,
+                    tool_call_id=tool_call_id,
+                    # A duplicate answered from its record is no refusal; one that nothing
+                    # recorded answers is recorded by _replay_duplicate.
+                    log_refusals="not_duplicates" if self._replay else "all",
+                ),
             )
         except Refused as refused:
             if refused.error_code is None:
@@ -296,6 +313,21 @@ class ToolBoundary:
         except (StoreUnavailable, Refused):
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
 
+    async def _record_refusal(
+        self, run_id: object, tool: object, tool_call_id: object, code: ErrorCode
+    ) -> None:
+        """Put a refusal decided here on the run's refusal log: one script call, bounded.
+
+        Only for a valid run id of a run that exists (the script checks); the refusal is
+        answered whatever happens to this write: an unavailable store loses the entry,
+        never the answer.
+        """
+        if not isinstance(run_id, str) or not is_run_id(run_id):
+            return
+        # Unavailable, or an ACL user not allowed the log: the answer stays the refusal.
+        with contextlib.suppress(CanonError):
+            await self._bounded(self._store.writer.record_refusal(run_id, tool, tool_call_id, code))
+
     async def _replay_duplicate(
         self, trace: CallTrace, run_id: str, tool: str, request: bytes
     ) -> AgentReply:
@@ -316,6 +348,7 @@ class ToolBoundary:
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
         if isinstance(reply, ToolError) and reply.invocation_id is None:
             # Nothing recorded answers it (another request, or the record is gone).
+            await self._record_refusal(run_id, tool, tool_call_id, reply.error_code)
             return trace.refuse(reply.error_code, "replay")
         return trace.replay(reply)
 

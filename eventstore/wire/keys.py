@@ -13,6 +13,8 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:inv:<run>:<call>``     hash   create.lua, append.lua   record TTL, set once
 ``{ns}:{sNN}:ev:<run>:<call>``      stream create.lua, append.lua   same instant as record
 ``{ns}:{sNN}:progress:<run>``       list   append.lua (terminal)    the run's expiry
+``{ns}:{sNN}:refusals:<run>``       stream create.lua, refuse.lua   the run's expiry, set at each
+                                                                write; trimmed by count
 ``{ns}:{sNN}:feed``                 stream create.lua, append.lua   trimmed by age, watermark-safe
 ``{ns}:{sNN}:receipt:<inv id>``     hash   receipt worker           the record's expiry
 ``{ns}:{sNN}:rview:<run>``          hash   progress worker          the run's expiry
@@ -20,6 +22,11 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:dead``                 stream projection workers       trimmed by length
 ``{ns}:{sNN}:fail:<group>:<entry>`` hash   projection workers       the feed's retention
 =================================== ====== ======================== ==========================
+
+``refusals:`` is the run's bounded refusal log: one entry per call turned away before
+any record existed (``at`` ms, ``tool`` when a tool name, ``call`` when an acceptable
+tool call id else ``call_bytes``, ``code``), counted per code in the run hash
+(``refused:<code>``); written only while the run hash exists.
 
 ``fail:`` holds the last failure reason of one delivered feed entry (written when a
 handling attempt fails), so whichever consumer finally dead-letters it can say why.
@@ -118,6 +125,7 @@ class InvocationKeys:
         run: the run registry hash.
         control: the control hash of the run's shard.
         progress: the run's list of finished calls.
+        refusals: the run's refusal log.
 
     """
 
@@ -127,6 +135,7 @@ class InvocationKeys:
     run: str
     control: str
     progress: str
+    refusals: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -238,6 +247,10 @@ class Keys:
     def progress(self, run_id: str) -> str:
         """Ordered canonical identities of a run's finished calls."""
         return _progress(self.tag_of(run_id), run_id)
+
+    def refusals(self, run_id: str) -> str:
+        """The run's refusal log: calls turned away before any record existed."""
+        return _refusals(self.tag_of(run_id), run_id)
 
     def feed(self, shard: int) -> str:
         """Shard feed: one small entry per committed event (the outbox)."""
@@ -382,6 +395,10 @@ def _progress(tag: str, run_id: str) -> str:
     return f"{tag}:progress:{run_id}"
 
 
+def _refusals(tag: str, run_id: str) -> str:
+    return f"{tag}:refusals:{run_id}"
+
+
 def _feed(tag: str) -> str:
     return f"{tag}:feed"
 
@@ -396,6 +413,7 @@ def _build_invocation_keys(keys: Keys, run_id: str, tool_call_id: str) -> Invoca
         run=_run(tag, run_id),
         control=_control(tag),
         progress=_progress(tag, run_id),
+        refusals=_refusals(tag, run_id),
     )
 
 

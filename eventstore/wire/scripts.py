@@ -10,7 +10,7 @@ refusals are raised as the exceptions of :mod:`eventstore.errors`.
 
 from __future__ import annotations
 
-from typing import Any, Final, NamedTuple
+from typing import Any, Final, Literal, NamedTuple
 
 from redis.asyncio import Redis
 from redis.exceptions import RedisError
@@ -148,6 +148,12 @@ async def _commit(script: LuaScript[Any, Any], call: KeysAndArgs) -> Committed:
     return committed(reply)
 
 
+#: Which of the run's refusals ``create.lua`` puts on the run's refusal log: ``all``,
+#: ``none``, or ``not_duplicates`` (the caller answers a duplicate from its record, and
+#: records it itself when nothing recorded answers it).
+RefusalLogging = Literal["all", "none", "not_duplicates"]
+
+
 class CreateKeys(NamedTuple):
     """``create.lua``'s KEYS, in order."""
 
@@ -156,6 +162,7 @@ class CreateKeys(NamedTuple):
     feed: str
     run: str
     control: str
+    refusals: str
 
 
 class CreateArgv(NamedTuple):
@@ -173,6 +180,8 @@ class CreateArgv(NamedTuple):
     retention_ms: int
     version: int
     prev_hash: str
+    refusals_kept: int
+    log_refusals: RefusalLogging
 
 
 class CreateScript(LuaScript[CreateKeys, CreateArgv]):
@@ -235,6 +244,44 @@ class AppendScript(LuaScript[AppendKeys, AppendArgv]):
 
         """
         return await _commit(self, call)
+
+
+class RefuseKeys(NamedTuple):
+    """``refuse.lua``'s KEYS, in order."""
+
+    run: str
+    refusals: str
+
+
+class RefuseArgv(NamedTuple):
+    """``refuse.lua``'s ARGV, in order.
+
+    ``tool`` is ``""`` when the name sent is not a tool name, ``tool_call_id`` ``""``
+    when the id sent is not one a key may hold (its size is recorded instead).
+    """
+
+    tool: str
+    tool_call_id: str
+    tool_call_id_bytes: int
+    code: str
+    refusals_kept: int
+
+
+class RefuseScript(LuaScript[RefuseKeys, RefuseArgv]):
+    """``refuse.lua``: put a refusal decided before any script on the run's record."""
+
+    name = "refuse"
+    layout = Layout.of(RefuseKeys, RefuseArgv)
+
+    async def __call__(self, call: KeysAndArgs) -> bool:
+        """Run the script; False when the run does not exist (nothing was written).
+
+        Raises:
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        async with redis_errors():
+            return bool(await self._call(self.script, call[0], call[1]))
 
 
 class OpenRunKeys(NamedTuple):
@@ -311,20 +358,21 @@ class UpdateRunScript(LuaScript[UpdateRunKeys, Nothing]):
 
 
 #: Every wrapper of this folder (the header test walks them).
-WRAPPERS: Final = (CreateScript, AppendScript, OpenRunScript, UpdateRunScript)
+WRAPPERS: Final = (CreateScript, AppendScript, RefuseScript, OpenRunScript, UpdateRunScript)
 
 
 class Scripts:
     """The store's scripts registered on one client.
 
-    ``create`` and ``append`` go through ``batcher`` when one is given (concurrent appends
-    share round trips, see :mod:`eventstore.wire.batching`); the run registry's scripts are
-    sent alone.
+    ``create``, ``append`` and ``refuse`` go through ``batcher`` when one is given
+    (concurrent appends share round trips, see :mod:`eventstore.wire.batching`); the run
+    registry's scripts are sent alone.
     """
 
     def __init__(self, client: Redis, batcher: ScriptBatcher | None = None) -> None:
         writes: ScriptCall = batcher.call if batcher is not None else call_script
         self.create = CreateScript(client, FOLDER, writes)
         self.append = AppendScript(client, FOLDER, writes)
+        self.refuse = RefuseScript(client, FOLDER, writes)
         self.open_run = OpenRunScript(client, FOLDER)
         self.update_run = UpdateRunScript(client, FOLDER)

@@ -195,8 +195,9 @@ async def test_expired_record_logs_safely(make_store: Any, namespace: str):
 
 
 async def test_preflight_errors_log_safely(opened: tuple[Store, str], namespace: str):
-    """Preflight refusals log invocation_finished with version 0 and never log an unsafe id,
-    an unknown tool name or the input."""
+    """Preflight refusals log invocation_finished with version 0, naming the run and the code
+    and no invocation id (none exists), and never log an unsafe id, an unknown tool name or
+    the input."""
     store, token = opened
     tool = FakeTool(raw=RAW, project=projection())
     boundary = ToolBoundary(store, {TOOL: tool.spec(), "locked": tool.spec(authorized=False)})
@@ -221,6 +222,10 @@ async def test_preflight_errors_log_safely(opened: tuple[Store, str], namespace:
     entries = finished(logs)
     assert [e["version"] for e in entries] == [0] * 6 + [3, 0]
     assert entries[0]["tool_call_id"] is None and entries[0]["invocation_id"] is None
+    assert [e["invocation_id"] for e in entries] == [None] * 6 + [invocation_id(RUN, "c6"), None]
+    assert [(e["run_id"], e["error_code"]) for e in entries[:6]] == [
+        (RUN, code.value) for code in calls
+    ]
     assert entries[1]["run_id"] == RUN  # the context run, never the envelope run
     assert entries[4]["tool"] is None
     assert tool.executed == 1
@@ -347,7 +352,9 @@ async def test_a_refusal_is_logged_with_its_code_and_no_version(
     opened: tuple[Store, str], namespace: str, log_level: Callable[[int], None]
 ):
     """A call refused in preflight or by the creation script logs invocation_refused with its
-    stage and error code, no version and no committed event; its final line names no event."""
+    stage and error code, no version and no committed event; its final line names no event.
+    Both lines name the run, the call and the code, and no invocation id: a refused call
+    has none (the duplicate's id is the first call's record, not this call's)."""
     store, token = opened
     log_level(logging.DEBUG)
     tool = FakeTool(raw=RAW, project=projection())
@@ -369,15 +376,16 @@ async def test_a_refusal_is_logged_with_its_code_and_no_version(
     for entry in refused:
         assert "version" not in entry and "event_type" not in entry
         assert entry["log_level"] == "info"
-        assert (entry["run_id"], entry["invocation_id"]) == (
-            RUN,
-            invocation_id(RUN, entry["tool_call_id"]),
-        )
+        assert (entry["run_id"], entry["invocation_id"]) == (RUN, None)
     assert named(logs, "event_committed") == []
-    assert [(e["log_level"], e["event_type"], e["version"]) for e in finished(logs)] == [
-        ("info", None, 0),
-        ("info", None, 0),
+    assert [
+        (e["log_level"], e["event_type"], e["version"], e["run_id"], e["error_code"])
+        for e in finished(logs)
+    ] == [
+        ("info", None, 0, RUN, "UNKNOWN_TOOL"),
+        ("info", None, 0, RUN, "DUPLICATE_TOOL_CALL"),
     ]
+    assert [e["invocation_id"] for e in [*refused, *finished(logs)]] == [None] * 4
     assert tool.executed == 1
     assert_clean(logs, replies, token, namespace, result_ok=False)
 

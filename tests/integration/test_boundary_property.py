@@ -211,7 +211,8 @@ async def test_boundary_outcomes_are_always_consistent(
     sync_executor: bool,
 ):
     """invoke never raises; a record ends READY (found/none evidence) or ERROR (ERROR evidence and
-    a code) matching the reply; a refused preflight creates no key; the reply holds the raw
+    a code) matching the reply; a refused preflight creates no key but the run's refusal log,
+    which holds it as its one entry, never storing the marker; the reply holds the raw
     response's marker only when the projector put it there."""
     marker = "RAWMARK" + secrets.token_hex(8)
     namespace = "p" + secrets.token_hex(5)
@@ -239,6 +240,8 @@ async def test_boundary_outcomes_are_always_consistent(
 
         record = await store.get(RUN, call_id) if is_tool_call_id(call_id) else None
         keys_after = await namespace_keys(store.client, namespace)
+        refusal_log = store.keys.refusals(RUN).encode()
+        refusals = await store.refusals(RUN)
     finally:
         await store.aclose()
 
@@ -246,7 +249,9 @@ async def test_boundary_outcomes_are_always_consistent(
     event("READY" if isinstance(reply, ToolResult) else reply.error_code.value)
     if isinstance(reply, ToolError) and reply.error_code in PREFLIGHT_CODES:
         assert record is None
-        assert keys_after == keys_before
+        assert keys_after == sorted([*keys_before, refusal_log])
+        assert [refusal.code for refusal in refusals] == [reply.error_code.value]
+        assert marker not in repr(refusals)
     else:
         assert record is not None
         state = record.state

@@ -11,6 +11,7 @@ from collections.abc import Awaitable, Callable
 from datetime import timedelta
 from typing import Any
 
+import msgspec
 import pytest
 from redis.asyncio import Redis
 
@@ -105,7 +106,9 @@ _CASES: list[tuple[str, Setup, ErrorCode]] = [
 async def test_refused_creation_creates_nothing(
     store: Store, redis: Redis, setup: Setup, code: ErrorCode
 ) -> None:
-    """A refused creation raises its code and leaves no record, stream, feed entry or spend."""
+    """A refused creation raises its code and leaves no record, stream, feed entry or spend:
+    the only write is the refusal on the run's record (its log and its count of the code),
+    and none at all for a run that does not exist."""
     await setup(store)
     info_before = await store.run_info(RUN)
     keys_before = await namespace_keys(redis, store.keys.namespace)
@@ -116,9 +119,17 @@ async def test_refused_creation_creates_nothing(
     assert refused.value.error_code is code
     record, stream = store.keys.record(RUN, "call-1"), store.keys.stream(RUN, "call-1")
     assert await redis.exists(record, stream) == 0
-    assert await namespace_keys(redis, store.keys.namespace) == keys_before
+    keys_after = await namespace_keys(redis, store.keys.namespace)
+    logged = set() if info_before is None else {store.keys.refusals(RUN).encode()}
+    assert set(keys_after) - set(keys_before) == logged
+    assert set(keys_before) <= set(keys_after)
     assert await redis.xlen(store.keys.feed_of(RUN)) == feed_before
-    assert await store.run_info(RUN) == info_before
+    info_after = await store.run_info(RUN)
+    if info_before is None:
+        assert info_after is None
+    else:
+        counted = {**info_before.refused, code.value: info_before.refused.get(code.value, 0) + 1}
+        assert info_after == msgspec.structs.replace(info_before, refused=counted)
 
 
 async def test_resuming_execution_lets_calls_through(store: Store) -> None:

@@ -105,7 +105,13 @@ async def test_the_legacy_layout_is_detected_kept_and_spelled_as_before(
         RunContext(RUN), envelope(ACCEPTED["kimi"], run_id=RUN)
     )
     assert_safe_error(reply, ErrorCode.INVALID_TOOL_CALL_ID)
-    assert tool.executed == 0 and await namespace_keys(redis, namespace) == before
+    # No invocation: the one new key is the run's refusal log, holding the id by its size.
+    log = legacy.store.keys.refusals(RUN).encode()
+    assert tool.executed == 0
+    assert await namespace_keys(redis, namespace) == sorted([*before, log])
+    [refusal] = await legacy.store.refusals(RUN)
+    assert (refusal.code, refusal.tool_call_id) == ("INVALID_TOOL_CALL_ID", None)
+    assert refusal.tool_call_id_bytes == len(ACCEPTED["kimi"].encode())
 
 
 async def test_replay_and_export_read_the_legacy_layout(

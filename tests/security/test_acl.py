@@ -145,10 +145,22 @@ async def assert_refused(client: Redis, commands: list[tuple[Any, ...]]) -> None
 
 
 async def test_writer_runs_the_boundary_end_to_end(server: EmbeddedRedis, admin: Redis) -> None:
-    """The writer user enters a strict store, opens a run, makes calls, pauses, reads back
-    and closes the run without a single denial; admin and foreign-key commands are refused."""
+    """The writer user enters a strict store, opens a run, makes calls, has calls refused
+    (put on the run's refusal log, in the creation script and after preflight), pauses,
+    reads back and closes the run without a single denial; admin and foreign-key commands
+    are refused."""
     _, _, store = await write_calls(server)
     try:
+        boundary = ToolBoundary(store, {TOOL: FakeTool().spec()})
+        refused = [
+            await boundary.invoke(RunContext(RUN), envelope("c1")),
+            await boundary.invoke(RunContext(RUN), envelope("c9", tool="nowhere")),
+        ]
+        assert [outcome(reply) for reply in refused] == ["DUPLICATE_TOOL_CALL", "UNKNOWN_TOOL"]
+        assert [entry.code for entry in await store.refusals(RUN, limit=2)] == [
+            "UNKNOWN_TOOL",
+            "DUPLICATE_TOOL_CALL",
+        ]
         await store.set_paused(True)
         assert await store.is_paused()
         await store.set_paused(False)
@@ -220,6 +232,8 @@ async def test_reader_runs_the_audit_tools_and_serves_receipts(
         assert code == 0, command
     reader = Store.from_url(url, shards=4)
     try:
+        # XREVRANGE: the reader reads the log (write_calls' second "c1" was refused).
+        assert [entry.code for entry in await reader.refusals(RUN)] == ["DUPLICATE_TOOL_CALL"]
         transport = httpx.ASGITransport(app=create_app(reader))
         async with httpx.AsyncClient(transport=transport, base_url="http://canon") as http:
             for call in ("c1", "c2"):

@@ -10,7 +10,7 @@ from redis.asyncio import Redis
 
 from eventstore import RunContext, Store, ToolBoundary, ToolEnvelope, ToolError, ToolResult
 from machine.codes import SAFE_MESSAGES, ErrorCode
-from machine.ids import is_invocation_id, is_tool_call_id
+from machine.ids import is_invocation_id, is_run_id, is_tool_call_id
 from tests.support.tools import FakeTool, namespace_keys
 
 #: The run most boundary tests use.
@@ -72,12 +72,27 @@ async def assert_refused_before_execution(
     namespace: str,
     ctx: RunContext | None = None,
 ) -> None:
-    """Invoking ``call`` answers ``code``, runs nothing, and leaves every key as it was."""
+    """Invoking ``call`` answers ``code``, runs nothing and creates no invocation: its one
+    write is one more entry on the refusal log of the context's run, only when that run
+    exists (the log then has an expiry)."""
+    ctx = ctx or RunContext(RUN)
+    run_exists = is_run_id(ctx.run_id) and any(
+        key.endswith(f":run:{ctx.run_id}".encode())
+        for key in await namespace_keys(redis, namespace)
+    )
+    log = f":refusals:{ctx.run_id}".encode()
     before = await namespace_keys(redis, namespace)
+    logged_before = sum([await redis.xlen(key) for key in before if key.endswith(log)])
     executed, projected = tool.executed, tool.projected
 
-    reply = await boundary.invoke(ctx or RunContext(RUN), call)
+    reply = await boundary.invoke(ctx, call)
 
     assert_safe_error(reply, code)
     assert (tool.executed, tool.projected) == (executed, projected)
-    assert await namespace_keys(redis, namespace) == before
+    after = await namespace_keys(redis, namespace)
+    logs = [key for key in after if key.endswith(log)]
+    assert set(after) - set(logs) == set(before) - set(logs)
+    assert len(logs) == (1 if run_exists else 0), logs
+    for key in logs:
+        assert await redis.xlen(key) == logged_before + 1
+        assert await redis.pttl(key) > 0

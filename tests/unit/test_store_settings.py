@@ -55,6 +55,15 @@ def test_a_ttl_that_is_not_positive_is_refused(ttl: timedelta) -> None:
         StoreSettings(ttl=ttl)
 
 
+def test_runs_keep_their_last_thousand_refusals_by_default() -> None:
+    """refusals_kept bounds each run's refusal log: 1,000 unless set, and at least 1."""
+    assert StoreSettings().refusals_kept == 1000
+    assert StoreSettings(refusals_kept=5).refusals_kept == 5
+    for kept in (0, -1, 2.5, True):
+        with pytest.raises(InvalidArgument, match="refusals_kept"):
+            StoreSettings(refusals_kept=kept)  # type: ignore[arg-type]
+
+
 async def test_from_url_keywords_build_the_settings() -> None:
     """The public keywords of from_url end up in store.settings, and in the keys."""
     limits = Limits(result_bytes=4096)

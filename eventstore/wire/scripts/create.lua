@@ -13,6 +13,7 @@
 -- KEYS[3] feed            shard feed
 -- KEYS[4] run             run registry hash
 -- KEYS[5] control         shard control hash
+-- KEYS[6] refusals        the run's refusal log (written only on a refusal)
 -- ARGV[1] event_id        event id
 -- ARGV[2] event_hash      event hash
 -- ARGV[3] event           encoded event
@@ -25,7 +26,10 @@
 -- ARGV[10] retention_ms   feed retention (ms)
 -- ARGV[11] version        event version (must be 1)
 -- ARGV[12] prev_hash      previous hash (must be the genesis hash)
--- ARGV[13..] (field, value)...  the record fields the event sets (payloads included)
+-- ARGV[13] refusals_kept  entries the run's refusal log keeps (the newest)
+-- ARGV[14] log_refusals   which refusals go on the log: all, none, or not_duplicates
+--                         (the caller answers a duplicate from its record)
+-- ARGV[15..] (field, value)...  the record fields the event sets (payloads included)
 --
 -- Reply: "1 <feed entry id> <expires_at_ms>"   the event is in the journal (version 1)
 --        {"applied", 1, "", expires_at_ms}   the same event id was already applied
@@ -33,9 +37,15 @@
 --        is not 1), CHAIN_BROKEN (previous hash is not the genesis hash), RUN_INACTIVE,
 --        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED,
 --        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
+--
+-- A refusal of the run's preflight (DUPLICATE_TOOL_CALL, RUN_INACTIVE, UNAUTHORIZED,
+-- RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED, RUN_BUDGET_EXHAUSTED)
+-- is recorded on the run's refusal log in this same step (refusal_log.lua), while the run
+-- exists; a writer conflict (VERSION_CONFLICT, CHAIN_BROKEN, PROTECTED_FIELD) is not.
 -- @include first_event
 -- @include field_scan
 -- @include feed_trim
+-- @include refusal_log
 
 local record, stream, feed, run, ctl = KEYS[1], KEYS[2], KEYS[3], KEYS[4], KEYS[5]
 local event_id, event_hash, event_data = ARGV[1], ARGV[2], ARGV[3]
@@ -43,11 +53,20 @@ local run_id, tool_call_id, tool, invocation_id = ARGV[4], ARGV[5], ARGV[6], ARG
 local at_ms, ttl_ms, retention_ms = ARGV[8], ARGV[9], ARGV[10]
 local version, prev_hash = ARGV[11], ARGV[12]
 
+-- The run's preflight turned the call away: on record (unless the caller answers it).
+local function refused(code)
+  local mode = ARGV[14]
+  if mode == 'all' or (mode == 'not_duplicates' and code ~= 'DUPLICATE_TOOL_CALL') then
+    log_refusal(run, KEYS[6], tool, tool_call_id, '', code, ARGV[13])
+  end
+  return {'refused', code}
+end
+
 local existing = redis.call('HMGET', record, 'e1', 'expires_at_ms')
 if existing[1] then
   -- The Head of a retried event names that event (version 1), as append.lua does.
   if existing[1] == event_id then return {'applied', 1, '', tonumber(existing[2])} end
-  return {'refused', 'DUPLICATE_TOOL_CALL'}
+  return refused('DUPLICATE_TOOL_CALL')
 end
 -- The record's version and last_hash come from this event, so it must be a first event.
 if version ~= '1' then return {'refused', 'VERSION_CONFLICT'} end
@@ -61,23 +80,23 @@ local used_field = 'used:' .. tool
 local r = redis.call('HMGET', run, 'active', 'deadline_ms', 'budget_total', 'used_total',
   'budget:' .. tool, used_field, 'inv:' .. invocation_id, 'restricted', 'tool:' .. tool,
   'revoked:' .. tool)
-if r[1] ~= '1' then return {'refused', 'RUN_INACTIVE'} end
-if (r[8] == '1' and not r[9]) or r[10] then return {'refused', 'UNAUTHORIZED'} end
-if now_ms >= tonumber(r[2]) then return {'refused', 'RUN_DEADLINE_EXPIRED'} end
-if redis.call('HGET', ctl, 'paused') == '1' then return {'refused', 'EXECUTION_PAUSED'} end
+if r[1] ~= '1' then return refused('RUN_INACTIVE') end
+if (r[8] == '1' and not r[9]) or r[10] then return refused('UNAUTHORIZED') end
+if now_ms >= tonumber(r[2]) then return refused('RUN_DEADLINE_EXPIRED') end
+if redis.call('HGET', ctl, 'paused') == '1' then return refused('EXECUTION_PAUSED') end
 -- The run remembers every call id for its whole life, so a call whose record already
 -- expired is still a duplicate.
-if r[7] then return {'refused', 'DUPLICATE_TOOL_CALL'} end
+if r[7] then return refused('DUPLICATE_TOOL_CALL') end
 if r[5] and tonumber(r[6] or '0') >= tonumber(r[5]) then
-  return {'refused', 'TOOL_BUDGET_EXHAUSTED'}
+  return refused('TOOL_BUDGET_EXHAUSTED')
 end
 if r[3] and tonumber(r[4] or '0') >= tonumber(r[3]) then
-  return {'refused', 'RUN_BUDGET_EXHAUSTED'}
+  return refused('RUN_BUDGET_EXHAUSTED')
 end
 
 -- The fields go to HSET straight from ARGV, once none of them is one only we write: the
 -- first event's evidence status is PENDING, whatever it names.
-local protected, evidence = scan_fields(13)
+local protected, evidence = scan_fields(15)
 if protected or evidence then return {'refused', 'PROTECTED_FIELD'} end
 
 redis.call('HINCRBY', run, 'used_total', '1')
@@ -89,7 +108,7 @@ local expires_at = string.format('%d', now_ms + ttl_ms)
 redis.call('HSET', record, 'stage', FIRST_STAGE, 'status', FIRST_STATUS,
   'evidence_status', 'PENDING', 'version', '1', 'last_hash', event_hash,
   'updated_at_ms', at_ms, 'expires_at_ms', expires_at, 'invocation_id', invocation_id,
-  'e1', event_id, unpack(ARGV, 13))
+  'e1', event_id, unpack(ARGV, 15))
 redis.call('PEXPIREAT', record, expires_at)
 redis.call('XADD', stream, '*', 'e', event_data)
 redis.call('PEXPIREAT', stream, expires_at)
