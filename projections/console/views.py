@@ -21,8 +21,8 @@ from eventstore.audit import replay_invocation
 from eventstore.audit.replay import InvocationReplay
 from eventstore.audit.run_calls import CallRow, run_calls
 from eventstore.audit.run_index import RunPage, RunSummary, list_runs, run_status
-from eventstore.errors import redis_errors
-from eventstore.runs import RunInfo
+from eventstore.errors import CanonError, redis_errors
+from eventstore.runs import Refusal, RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.scrub import FILTERED, Scrub
@@ -40,6 +40,8 @@ FAILURE_DETAIL_FIELD = "failure_detail"
 RESULT_ELIDED = "(the agent result: see the harness-only payload page)"
 #: Calls one run page shows (its table and its timeline), oldest first.
 CALLS_PER_PAGE: Final = 200
+#: The latest refusals a run page lists (the counts per code cover them all).
+REFUSALS_SHOWN: Final = 20
 #: Bytes of each payload the payloads page shows; the rest is in ``canon export``.
 PAYLOAD_SHOWN_BYTES: Final = 64 * 1024
 #: Characters of each failure detail text (message, traceback) the call's page shows.
@@ -87,12 +89,18 @@ class CallsPage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunView(msgspec.Struct, frozen=True, kw_only=True):
-    """The run page: the run, the timeline of this page's calls, and those calls."""
+    """The run page: the run, the timeline of this page's calls, and those calls.
+
+    ``refusals`` are the run's latest refusals, newest first (its counts per code are in
+    ``run.refused``); ``refusals_unreadable`` says the log could not be read.
+    """
 
     run: RunSummary
     timeline: Timeline
     calls: list[CallRow]
     page: CallsPage
+    refusals: list[Refusal] = msgspec.field(default_factory=list)
+    refusals_unreadable: bool = False
 
 
 class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -151,6 +159,7 @@ def _summary(info: RunInfo, calls: list[CallRow]) -> RunSummary:
         calls=counts,
         budget_used=info.used_total,
         budget_total=info.budget_total,
+        refused=info.refused,
     )
 
 
@@ -167,7 +176,16 @@ async def run_page(store: Store, run_id: str, page: int = 1) -> RunView | None:
     if page < 1 or (page > 1 and start >= len(calls)):
         return None
     shown = calls[start : start + CALLS_PER_PAGE]
+    refusals: list[Refusal] = []
+    unreadable = False
+    if info.refused:
+        try:
+            refusals = await store.refusals(run_id, limit=REFUSALS_SHOWN)
+        except CanonError:  # an ACL user without the log's read, or a store outage
+            unreadable = True
     return RunView(
+        refusals=refusals,
+        refusals_unreadable=unreadable,
         run=_summary(info, calls),
         timeline=layout(shown, now_ms()),
         calls=shown,
