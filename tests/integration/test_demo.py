@@ -25,16 +25,19 @@ from canon.commands.demo import FACTS_NOTE, REFUSALS_NOTE, configure_demo_loggin
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 
-def _processes_in(directory: pathlib.Path) -> list[int]:
-    """Pids whose working directory is ``directory`` (redis-server chdirs into --dir)."""
+def _processes_in(directory: pathlib.Path, *, below: bool = False) -> list[int]:
+    """Pids whose working directory is ``directory`` (redis-server chdirs into --dir), or
+    with ``below`` any folder under it; never this process."""
     found = []
+    root = directory.resolve()
     for proc in pathlib.Path("/proc").iterdir():
-        if proc.name.isdigit():
+        if proc.name.isdigit() and int(proc.name) != os.getpid():
             try:
-                if pathlib.Path(os.readlink(proc / "cwd")) == directory.resolve():
-                    found.append(int(proc.name))
+                cwd = pathlib.Path(os.readlink(proc / "cwd"))
             except OSError:
                 continue
+            if cwd == root or (below and root in cwd.parents):
+                found.append(int(proc.name))
     return found
 
 

@@ -25,7 +25,8 @@ ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
 
 @pytest.fixture
 def demo(tmp_path: pathlib.Path) -> Iterator[Any]:
-    """Starts ``canon demo --serve``, output in a file; kills and reaps it by pid at the end."""
+    """Starts ``canon demo --serve``, output in a file; stops and reaps it by pid at the end,
+    and any server it left in ``tmp_path``."""
     started: list[subprocess.Popen[bytes]] = []
 
     def start(*argv: str) -> tuple[subprocess.Popen[bytes], pathlib.Path]:
@@ -47,8 +48,17 @@ def demo(tmp_path: pathlib.Path) -> Iterator[Any]:
     yield start
     for process in started:
         if process.poll() is None:
-            process.kill()
+            # SIGTERM first: the demo stops its embedded Redis on the way out; a SIGKILL
+            # would leave that child running.
+            process.terminate()
+            try:
+                process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
         process.wait(timeout=10)
+    # Whatever the demo could not stop (it was killed): its servers run in tmp_path.
+    for pid in _processes_in(tmp_path, below=True):
+        os.kill(pid, signal.SIGKILL)
 
 
 async def test_demo_serve_opens_the_console_on_a_populated_run(
