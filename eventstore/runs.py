@@ -59,6 +59,9 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     revoked: frozenset[str]
     invocations: int
     refused: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Calls that ended ERROR, by error code (empty for a run opened by an earlier
+    #: version, which did not count them).
+    failed: dict[str, int] = msgspec.field(default_factory=dict)
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -85,15 +88,26 @@ class Refusal(msgspec.Struct, frozen=True, kw_only=True):
 
 #: The run hash's field prefix of a refusal count (``refused:<code>``, set by the scripts).
 REFUSED_PREFIX: Final = "refused:"
+#: The run hash's field prefix of the count of its calls that failed with a code
+#: (append.lua counts each Failed event once).
+FAILED_PREFIX: Final = "failed:"
+#: Set in the run hash when the run counts its failures (runs opened by earlier
+#: versions do not).
+FAILURES_COUNTED: Final = "failures_counted"
+#: The run hash's field prefix of the count of invocations created per tool.
+USED_PREFIX: Final = "used:"
+
+
+def prefixed_counts(fields: Mapping[str, Any], prefix: str) -> dict[str, int]:
+    """The counts a run hash's fields (decoded names) hold under ``prefix``, by suffix."""
+    return {
+        name[len(prefix) :]: int(value) for name, value in fields.items() if name.startswith(prefix)
+    }
 
 
 def refused_counts(fields: Mapping[str, Any]) -> dict[str, int]:
     """The refusal counts per error code a run hash's fields hold (decoded field names)."""
-    return {
-        name[len(REFUSED_PREFIX) :]: int(value)
-        for name, value in fields.items()
-        if name.startswith(REFUSED_PREFIX)
-    }
+    return prefixed_counts(fields, REFUSED_PREFIX)
 
 
 def refusal_of(entry_id: bytes | str, fields: Mapping[bytes, bytes]) -> Refusal:
@@ -226,7 +240,7 @@ class RunRegistry:
             for name in fields
             if name.startswith("tool:")
         }
-        used = {name[5:]: int(v) for name, v in fields.items() if name.startswith("used:")}
+        used = prefixed_counts(fields, USED_PREFIX)
         return RunInfo(
             run_id=run_id,
             active=fields.get("active") == b"1",
@@ -240,6 +254,7 @@ class RunRegistry:
             revoked=frozenset(name[8:] for name in fields if name.startswith("revoked:")),
             invocations=sum(1 for name in fields if name.startswith("inv:")),
             refused=refused_counts(fields),
+            failed=prefixed_counts(fields, FAILED_PREFIX),
         )
 
     async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:

@@ -44,7 +44,7 @@ def print_runs(console: Console, page: RunPage, namespace: str) -> None:
         return
     table = Table(
         title=f"runs of namespace {namespace}, newest first",
-        caption="calls: invocations still stored, by status; budget: used / total; "
+        caption="calls: by status as they ended (PROJ.: in flight); budget: used / total; "
         "refused: calls turned away before any record",
         caption_justify="left",
     )

@@ -5,8 +5,9 @@
 -- the hash chain, the lifecycle transition and the evidence rule. Then folds the event
 -- into the record, appends it to the stream (field e only, as create.lua does) and one
 -- entry to the shard feed, which it trims by age (feed_trim.lua). A terminal event also
--- appends the call's identity to the run's progress list. No TTL is touched except the
--- progress list's, set once when that list is created.
+-- appends the call's identity to the run's progress list, and a Failed one counts its
+-- code in the run hash (failed:<code>). No TTL is touched except the progress list's,
+-- set once when that list is created.
 --
 -- KEYS[1] record          record hash
 -- KEYS[2] stream          event stream
@@ -101,6 +102,13 @@ if dest == 'READY' or dest == 'ERROR' then
   if redis.call('RPUSH', progress, run_id .. ':' .. tool_call_id) == 1 then
     local run_expiry = redis.call('HGET', run, 'expires_at_ms') or rec[4]
     redis.call('PEXPIREAT', progress, run_expiry)
+  end
+  -- The run counts its failed calls per code, so a list of runs finds its errors in one
+  -- hash (its ended calls are its progress list's length), never in every record. Only
+  -- on a failure: a call that succeeds pays nothing for it. Only into a run hash that is
+  -- still there: HINCRBY would create one that never expires.
+  if dest == 'ERROR' and redis.call('EXISTS', run) == 1 then
+    redis.call('HINCRBY', run, 'failed:' .. error_code, 1)
   end
 end
 

@@ -28,8 +28,11 @@ local deadline_ms = tonumber(ARGV[2])
 if deadline_ms <= now_ms then return {'refused', 'DEADLINE_PASSED'} end
 local expires_at_ms = deadline_ms + tonumber(ARGV[3])
 
+-- failures_counted: append.lua counts this run's failed calls per code (failed:<code>),
+-- which runs opened by earlier versions do not have.
 redis.call('HSET', run, 'active', 1, 'token_sha256', ARGV[1], 'deadline_ms', deadline_ms,
-  'created_at_ms', now_ms, 'expires_at_ms', expires_at_ms, 'used_total', 0)
+  'created_at_ms', now_ms, 'expires_at_ms', expires_at_ms, 'used_total', 0,
+  'failures_counted', 1)
 if ARGV[4] ~= '' then redis.call('HSET', run, 'budget_total', ARGV[4]) end
 -- A run opened with a tool list may call only those tools.
 if #ARGV >= 6 then redis.call('HSET', run, 'restricted', 1) end
