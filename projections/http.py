@@ -88,9 +88,13 @@ def _json(status: int, body: bytes | dict[str, Any]) -> Response:
     return Response(content, status_code=status, media_type="application/json")
 
 
-def _error(status: int, code: str, message: str | None = None) -> Response:
+def _error_body(code: str, message: str | None = None) -> bytes:
     body = {"error": code} if message is None else {"error": code, "message": message}
-    return _json(status, body)
+    return msgspec.json.encode(body)
+
+
+def _error(status: int, code: str, message: str | None = None) -> Response:
+    return _json(status, _error_body(code, message))
 
 
 def _unauthorized() -> Response:
@@ -235,13 +239,24 @@ async def _answer(store: Store, request: Request) -> tuple[Response, str]:
     if not is_invocation_id(match.group(1)):
         # Fixed message: the segment is never echoed back.
         return _error(400, "invalid_request", _INVALID_ID_MESSAGE), route
+    status, body = await receipt_answer(store, run.run_id, match.group(1), run=run)
+    return _json(status, body), route
+
+
+async def receipt_answer(
+    store: Store, run_id: str, invocation_id: str, *, run: RunInfo | None = None
+) -> tuple[int, bytes]:
+    """The receipt route's HTTP status and JSON body for one invocation of a run.
+
+    The console shows this same answer, so an operator reads what the run's holder reads.
+    """
     try:
-        receipt = await inspect_invocation(store, run.run_id, match.group(1), run=run)
+        receipt = await inspect_invocation(store, run_id, invocation_id, run=run)
     except InvocationNotFound:
-        return _error(404, "invocation_not_found", _NOT_FOUND_MESSAGE), route
+        return 404, _error_body("invocation_not_found", _NOT_FOUND_MESSAGE)
     except CapabilityChanged:
-        return _error(409, "capability_changed", _CHANGED_MESSAGE), route
-    return _json(200, encode_receipt(receipt)), route
+        return 409, _error_body("capability_changed", _CHANGED_MESSAGE)
+    return 200, encode_receipt(receipt)
 
 
 class _Endpoint:

@@ -50,7 +50,7 @@ from eventstore.server.embedded import RECOMMENDED_SERVER_ARGS, EmbeddedRedis
 from tests.cluster.harness import ClusterSetupError, LocalCluster
 
 #: The session-wide log scan (a plugin, so its hooks run in every session of the suite).
-pytest_plugins = ["tests.support.log_scan"]
+pytest_plugins = ["tests.support.log_scan", "tests.support.browser"]
 
 _CONTAINER_IMAGES = {"7.x": "redis:7.2", "6.2": "redis:6.2"}
 #: Longest wait for ``docker info``; an engine that takes longer is treated as absent.

@@ -79,6 +79,7 @@ class BenchOptions:
     scale_out_repeats: int
     scale_out_duration_s: float
     lag_duration_s: float
+    console_repeats: int
     redis_url: str | None = None
     redis_server: str | None = None
 
@@ -101,6 +102,7 @@ class BenchOptions:
             scale_out_repeats=1,
             scale_out_duration_s=0.3,
             lag_duration_s=1.5,
+            console_repeats=3,
         )
 
     @classmethod
@@ -125,6 +127,7 @@ class BenchOptions:
             scale_out_repeats=3,
             scale_out_duration_s=1.5,
             lag_duration_s=10.0,
+            console_repeats=9,
         )
 
     def on(self, redis_url: str | None, redis_server: str | None) -> BenchOptions:
@@ -236,6 +239,18 @@ async def _lag(url: str, options: BenchOptions, progress: Progress, report: dict
     report["projection_lag"] = result.to_json()
 
 
+async def _console(url: str, options: BenchOptions, progress: Progress) -> dict[str, Any]:
+    progress("console: pages at 3,000 calls")
+    try:
+        from canon.bench.console import measure_console
+    except ImportError:
+        return {"measured": False, "reason": "the console is not installed"}
+    try:
+        return await measure_console(url, options.console_repeats)
+    except Exception as exc:  # the other sections still count
+        return {"measured": False, "reason": f"failed: {type(exc).__name__}"}
+
+
 async def _memory_section(
     url: str, options: BenchOptions, name: str, report: dict[str, Any]
 ) -> None:
@@ -335,6 +350,8 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
             report.update(section)
         with _section_time(report, "projection_lag"):
             await _lag(url, options, progress, report)
+        with _section_time(report, "console"):
+            report["console"] = await _console(url, options, progress)
     # A private server of its own (a given URL is measured as it is): the throughput
     # section leaves the keyspace tables grown, and their shrinking, on Redis's
     # schedule, would land in one of the readings.

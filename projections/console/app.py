@@ -27,10 +27,11 @@ Nothing a page shows is logged: a failure is logged by exception type only.
 
 from __future__ import annotations
 
+import importlib.resources
 import re
 import secrets
 from typing import Any, Final
-from urllib.parse import parse_qsl, quote
+from urllib.parse import parse_qsl, urlencode
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
@@ -38,6 +39,7 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from eventstore.audit.run_index import RUNS_SHOWN, RunFilter
 from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from machine.ids import is_invocation_id, is_run_id
@@ -56,6 +58,8 @@ CONSOLE_ROUTES: Final = (
     "GET /console/login",
     "POST /console/login",
     "POST /console/logout",
+    "GET /console/search",
+    "GET /console/live.js",
     "GET /console/runs/<run id>",
     "GET /console/runs/<run id>/invocations/<invocation id>",
     "GET /console/runs/<run id>/invocations/<invocation id>/payloads",
@@ -67,16 +71,28 @@ CONSOLE_HOME: Final = CONSOLE_PREFIX + "/"
 _RUN: Final = re.compile(r"/console/runs/([^/]+)")
 _CALL: Final = re.compile(r"/console/runs/([^/]+)/invocations/([^/]+)(/payloads)?")
 _PAGE_NUMBER: Final = re.compile(r"[1-9][0-9]{0,5}")
+#: Longest value of a filter or search field (a tool name, a code, an id prefix).
+_MAX_QUERY_VALUE: Final = 200
+#: The script that refreshes a page of a run in progress (the only script the console has).
+_LIVE_SCRIPT: Final = (
+    importlib.resources.files("projections.console").joinpath("live.js").read_bytes()
+)
 _FORM_TYPE: Final = "application/x-www-form-urlencoded"
 _MAX_FORM_BYTES: Final = 4096
 _MAX_FORM_FIELDS: Final = 8
 _HEADERS: Final = {
-    # No script, no frame, no outside resource: the pages are plain HTML and inline SVG.
+    # No frame, no outside resource, no inline script: the pages are HTML and inline SVG,
+    # and the one script is the console's own file, which only fetches console pages.
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; "
+    "script-src 'self'; connect-src 'self'; "
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
 }
+
+
+_RUNS_QUERY: Final = frozenset({"cursor", "status", "tool", "code", "q"})
+_RUN_QUERY: Final = frozenset({"page", "status", "tool", "code"})
 
 
 class FormRefused(InvalidArgument):
@@ -123,17 +139,33 @@ def _next_path(value: str | None) -> str:
     return CONSOLE_HOME
 
 
-def _page_number(request: Request) -> int | None:
-    """The run page's ``page`` (1 without one), or None when the query is not just that."""
+def read_query(request: Request, allowed: frozenset[str]) -> dict[str, str] | None:
+    """A page's query fields, each in ``allowed`` and given once; an empty one is left out.
+
+    None when a field is unknown or repeated, or a value is longer than 200 characters or
+    not printable (a filter's form sends its empty fields too: those mean "any").
+    """
     query = request.query_params
-    if set(query) - {"page"}:
+    if set(query) - allowed:
         return None
-    values = query.getlist("page")
-    if not values:
+    fields: dict[str, str] = {}
+    for name in query:
+        values = query.getlist(name)
+        if len(values) != 1:
+            return None
+        value = values[0]
+        if len(value) > _MAX_QUERY_VALUE or not value.isprintable():
+            return None
+        if value:
+            fields[name] = value
+    return fields
+
+
+def _page_number(value: str | None) -> int | None:
+    """A ``page`` field's number (1 without one), or None when it is not one."""
+    if value is None:
         return 1
-    if len(values) != 1 or _PAGE_NUMBER.fullmatch(values[0]) is None:
-        return None
-    return int(values[0])
+    return int(value) if _PAGE_NUMBER.fullmatch(value) else None
 
 
 def _utf8_charset(parameters: str) -> bool:
@@ -405,29 +437,81 @@ class Console:
             return await self._reveal(request, reveal.group(1), reveal.group(2))
         if method != "GET":
             return self._error(request, 405, "Method not allowed: the console only reads.")
-        query = request.query_params
         if path == CONSOLE_HOME:
-            if set(query) - {"cursor"}:
-                return self._error(request, 400, "The runs page takes only a cursor.")
-            try:
-                page = await views.runs_page(self._store, query.get("cursor"))
-            except InvalidArgument:
-                return self._error(
-                    request, 400, "That cursor is not one a page of runs ended with."
-                )
-            return self._page(request, "runs.html", page=page, quote=quote)
-        if _RUN.fullmatch(path) is None and query:
+            return await self._runs(request)
+        if path == "/console/search":
+            return await self._search(request)
+        if _RUN.fullmatch(path) is None and request.query_params:
             return self._error(request, 400, "This page takes no query parameters.")
+        if path == "/console/live.js":
+            return Response(
+                _LIVE_SCRIPT,
+                media_type="text/javascript",
+                headers={**_HEADERS, "Cache-Control": "no-cache"},
+            )
         return await self._run_pages(request, path)
+
+    async def _runs(self, request: Request) -> Response:
+        query = read_query(request, _RUNS_QUERY)
+        if query is None:
+            return self._error(
+                request,
+                400,
+                "The runs page takes a cursor, status, tool, code and q (an id prefix), "
+                "each once and at most 200 characters.",
+            )
+        status = query.get("status")
+        if status is not None and status not in RUNS_SHOWN:
+            return self._error(request, 400, "That status is not one the runs page filters by.")
+        where = RunFilter(
+            status=status,
+            tool=query.get("tool"),
+            code=query.get("code"),
+            search=query.get("q"),
+        )
+        try:
+            page = await views.runs_page(self._store, query.get("cursor"), where)
+        except InvalidArgument:
+            return self._error(request, 400, "That cursor is not one a page of runs ended with.")
+        return self._page(
+            request,
+            "runs.html",
+            page=page,
+            where=where,
+            statuses=RUNS_SHOWN,
+            next_query=urlencode({**query, "cursor": page.cursor or ""}),
+        )
+
+    async def _search(self, request: Request) -> Response:
+        query = read_query(request, frozenset({"tool", "code"}))
+        if query is None or not query:
+            return self._error(
+                request, 400, "The search takes a tool and/or an error code, each once."
+            )
+        found = await views.calls_found(self._store, query.get("tool"), query.get("code"))
+        return self._page(request, "search.html", found=found, query=query)
 
     async def _run_pages(self, request: Request, path: str) -> Response:
         run_match, call_match = _RUN.fullmatch(path), _CALL.fullmatch(path)
         if run_match is not None:
             run_id = run_match.group(1)
-            number = _page_number(request)
-            if number is None:
-                return self._error(request, 400, "The run page takes only a page number.")
-            view = await views.run_page(self._store, run_id, number) if is_run_id(run_id) else None
+            query = read_query(request, _RUN_QUERY)
+            number = _page_number(query.get("page")) if query is not None else None
+            if query is None or number is None:
+                return self._error(
+                    request,
+                    400,
+                    "The run page takes a page number, a status, a tool and a code, each once.",
+                )
+            status = query.get("status")
+            if status is not None and status not in views.CALL_STATUSES:
+                return self._error(request, 400, "That status is not READY, ERROR or PROJECTING.")
+            where = views.CallFilter(status=status, tool=query.get("tool"), code=query.get("code"))
+            view = (
+                await views.run_page(self._store, run_id, number, where)
+                if is_run_id(run_id)
+                else None
+            )
             if view is None:
                 return self._error(request, 404, "No such run or page (it may have expired).")
             return self._page(request, "run.html", view=view)

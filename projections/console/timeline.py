@@ -1,14 +1,18 @@
-"""The run timeline as a picture: one bar per invocation, from creation to terminal event.
+"""The run timeline as pictures: an overview of the whole run, and one bar per call shown.
 
-Pure geometry for the inline SVG of the run page: a bar starts at the call's creation and
-ends at its terminal event (or now, while it is in flight), on one time axis shared by
-the run's calls; its colour says status and evidence, its label and hover title say tool,
-duration and code.
+Pure geometry for the inline SVGs of the run page. The *overview* stays readable however
+many calls a run holds: the run's time is cut into :data:`COLUMNS` equal columns, each a
+stack of the calls created in it, coloured by outcome, with the run's refusals as ticks
+under the axis; a column links to the table page holding its first call. The *bars* are
+the calls of the table page shown: a bar starts at the call's creation and ends at its
+terminal event (or now, while it is in flight), on one time axis shared by those calls;
+its colour says status and evidence, its label (cut to fit, with an ellipsis) and hover
+title say tool, duration and code.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Final
 
 import msgspec
@@ -22,6 +26,12 @@ BAR_HEIGHT: Final = 14
 TOP: Final = 24
 #: A bar is at least this wide, so an instant call still shows.
 MIN_BAR: Final = 3.0
+#: Characters of a bar's label that fit in LABEL_WIDTH at the page's 12 px monospace.
+LABEL_CHARS: Final = 40
+#: Columns of the overview; its plot height, and the band of refusal ticks under it.
+COLUMNS: Final = 120
+OVERVIEW_HEIGHT: Final = 80
+TICKS_HEIGHT: Final = 12
 
 #: Fill per (status, evidence status or error code); the first match wins.
 COLOURS: Final = {
@@ -32,6 +42,7 @@ COLOURS: Final = {
     ("PROJECTING", None): "#f9a825",
     ("READY", None): "#1565c0",
 }
+_ERROR_FILLS: Final = frozenset({COLOURS[("ERROR", "EXECUTION_FAILED")], COLOURS[("ERROR", None)]})
 LEGEND: Final = (
     ("READY, evidence found", COLOURS[("READY", "EVIDENCE_FOUND")]),
     ("READY, no evidence", COLOURS[("READY", "NO_EVIDENCE")]),
@@ -51,6 +62,40 @@ class Bar(msgspec.Struct, frozen=True, kw_only=True):
     fill: str
     label: str
     title: str
+
+
+class Segment(msgspec.Struct, frozen=True, kw_only=True):
+    """One outcome's share of an overview column: its colour, place and height."""
+
+    fill: str
+    y: float
+    height: float
+
+
+class Column(msgspec.Struct, frozen=True, kw_only=True):
+    """One overview column: the calls created in its time slice, stacked by outcome.
+
+    ``page`` is the table page (of ``per_page`` calls) that holds its first call; ``title``
+    says its time slice and counts.
+    """
+
+    x: float
+    width: float
+    segments: list[Segment]
+    page: int
+    title: str
+
+
+class Overview(msgspec.Struct, frozen=True, kw_only=True):
+    """The whole run at a glance: columns of calls, refusal ticks, size and time span."""
+
+    columns: list[Column]
+    ticks: list[float]
+    width: int
+    height: int
+    plot_height: int
+    span_ms: int
+    start_ms: int
 
 
 class Timeline(msgspec.Struct, frozen=True, kw_only=True):
@@ -87,6 +132,86 @@ def outcome(row: CallRow) -> str:
     return "in flight"
 
 
+def fitted(label: str, chars: int = LABEL_CHARS) -> str:
+    """``label`` cut to ``chars`` characters, its last one an ellipsis when it was cut."""
+    return label if len(label) <= chars else label[: chars - 1] + "…"
+
+
+def overview(
+    rows: Sequence[CallRow],
+    refused_at_ms: Sequence[int],
+    now_ms: int,
+    *,
+    per_page: int,
+    iso: Callable[[int], str],
+) -> Overview:
+    """Stack the run's calls (oldest first) by creation time into columns, refusals as ticks.
+
+    The axis runs from the first call or refusal to the last call's end (now, while one is
+    in flight) or the last refusal. A column's height is its count over the fullest
+    column's; ``iso`` writes a column's times in its title.
+    """
+    plot = WIDTH - 8
+    starts = [row.created_at_ms for row in rows] + list(refused_at_ms)
+    if not starts:
+        return Overview(
+            columns=[],
+            ticks=[],
+            width=WIDTH,
+            height=OVERVIEW_HEIGHT + TICKS_HEIGHT,
+            plot_height=OVERVIEW_HEIGHT,
+            span_ms=0,
+            start_ms=0,
+        )
+    start = min(starts)
+    ends = [row.finished_at_ms or max(now_ms, row.created_at_ms) for row in rows]
+    span = max(max(ends + list(refused_at_ms)) - start, 1)
+    slice_ms = span / COLUMNS
+    counts: list[dict[str, int]] = [{} for _ in range(COLUMNS)]
+    first_index: list[int | None] = [None] * COLUMNS
+    for index, row in enumerate(rows):
+        column = min(int((row.created_at_ms - start) / slice_ms), COLUMNS - 1)
+        fill = colour(row)
+        counts[column][fill] = counts[column].get(fill, 0) + 1
+        if first_index[column] is None:
+            first_index[column] = index
+    fullest = max((sum(c.values()) for c in counts), default=0) or 1
+    step = plot / COLUMNS
+    columns = []
+    order = [fill for _, fill in LEGEND]
+    for number, (count, first) in enumerate(zip(counts, first_index, strict=True)):
+        if first is None:
+            continue
+        y = float(OVERVIEW_HEIGHT)
+        segments = []
+        for fill in sorted(count, key=lambda f: order.index(f) if f in order else len(order)):
+            height = count[fill] * OVERVIEW_HEIGHT / fullest
+            y -= height
+            segments.append(Segment(fill=fill, y=y, height=height))
+        begins = start + int(number * slice_ms)
+        errors = sum(n for fill, n in count.items() if fill in _ERROR_FILLS)
+        columns.append(
+            Column(
+                x=number * step,
+                width=max(step - 1, 1.0),
+                segments=segments,
+                page=first // per_page + 1,
+                title=f"{iso(begins)} + {duration_text(int(slice_ms))}: "
+                f"{sum(count.values())} calls, {errors} ERROR",
+            )
+        )
+    ticks = [(at - start) * plot / span for at in refused_at_ms]
+    return Overview(
+        columns=columns,
+        ticks=ticks,
+        width=WIDTH,
+        height=OVERVIEW_HEIGHT + TICKS_HEIGHT,
+        plot_height=OVERVIEW_HEIGHT,
+        span_ms=span,
+        start_ms=start,
+    )
+
+
 def layout(rows: Sequence[CallRow], now_ms: int) -> Timeline:
     """Place one bar per call on a time axis from the first creation to the last end."""
     if not rows:
@@ -106,7 +231,7 @@ def layout(rows: Sequence[CallRow], now_ms: int) -> Timeline:
                 y=TOP + index * ROW_HEIGHT,
                 width=max(took * scale, MIN_BAR),
                 fill=colour(row),
-                label=f"{row.tool} · {duration_text(took)} · {shown}",
+                label=fitted(f"{row.tool} · {duration_text(took)} · {shown}"),
                 title=f"{row.tool_call_id}: {row.tool}, {duration_text(took)}, {shown}",
             )
         )

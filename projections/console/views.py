@@ -4,9 +4,11 @@ The invocation page reads the record's ``failure_detail`` field (compact JSON: t
 message, traceback, cut_bytes) when the store kept one; the payloads (request, raw
 response, agent result) are read only for the page that shows them on request.
 
-No page grows with what is stored: a run page shows :data:`CALLS_PER_PAGE` calls (table
-and timeline) and links to the next; a payload, a failure detail's text and a call's
-events are cut at fixed sizes, saying so. Text the console did not write is shown
+No page grows with what is stored: a run page draws the whole run as a fixed number of
+columns, lists its first failed calls, and shows :data:`CALLS_PER_PAGE` calls (table and
+bars, cut by status, tool or code) with links to the next; a payload, a failure detail's
+text and a call's events are cut at fixed sizes, saying so. The invocation page shows
+the receipt exactly as the receipt API answers it. Text the console did not write is shown
 through :func:`visible`, so a bidirectional control in an id reads as its escape
 instead of reordering the page.
 """
@@ -14,34 +16,43 @@ instead of reordering the page.
 from __future__ import annotations
 
 from typing import Any, Final, cast
+from urllib.parse import urlencode
 
 import msgspec
 
 from eventstore.audit import replay_invocation
 from eventstore.audit.replay import InvocationReplay
 from eventstore.audit.run_calls import CallRow, run_calls
-from eventstore.audit.run_index import RunPage, RunSummary, list_runs, run_status
+from eventstore.audit.run_index import (
+    CallSearch,
+    RunFilter,
+    RunPage,
+    RunSummary,
+    list_runs,
+    run_status,
+    search_calls,
+)
 from eventstore.errors import CanonError, redis_errors
 from eventstore.runs import Refusal, RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.scrub import FILTERED, Scrub
-from projections.console.timeline import Timeline, layout
-from projections.receipts.builder import encode_receipt
-from projections.receipts.inspection import (
-    CapabilityChanged,
-    InvocationNotFound,
-    inspect_invocation,
-)
+from projections.console.timeline import Overview, Timeline, layout, overview
+from projections.http import receipt_answer
+from projections.receipts.builder import iso_ms
 
 #: The record field holding a failed call's exception detail (harness-only).
 FAILURE_DETAIL_FIELD = "failure_detail"
-#: Stands for the receipt's result on the invocation page.
-RESULT_ELIDED = "(the agent result: see the harness-only payload page)"
-#: Calls one run page shows (its table and its timeline), oldest first.
-CALLS_PER_PAGE: Final = 200
+#: Calls one run page shows (its table and its bars), oldest first.
+CALLS_PER_PAGE: Final = 100
 #: The latest refusals a run page lists (the counts per code cover them all).
 REFUSALS_SHOWN: Final = 20
+#: Refusals the run's overview marks (as many as a run's log keeps by default).
+REFUSALS_MARKED: Final = 1000
+#: Failed calls the run page lists first, above its table.
+PROBLEMS_SHOWN: Final = 20
+#: The statuses a run page's table can be cut to.
+CALL_STATUSES: Final = ("ERROR", "PROJECTING", "READY")
 #: Bytes of each payload the payloads page shows; the rest is in ``canon export``.
 PAYLOAD_SHOWN_BYTES: Final = 64 * 1024
 #: Characters of each failure detail text (message, traceback) the call's page shows.
@@ -78,8 +89,44 @@ def cut_text(text: str, limit: int) -> tuple[str, int | None]:
     return (text, None) if len(text) <= limit else (text[:limit], len(text))
 
 
+def size_text(size: int) -> str:
+    """A byte count as people read it: ``850 B``, ``12.5 KiB``, ``1.6 MiB``."""
+    if size < 1024:
+        return f"{size} B"
+    if size < 1024 * 1024:
+        return f"{size / 1024:.1f} KiB".replace(".0 ", " ")
+    return f"{size / (1024 * 1024):.1f} MiB".replace(".0 ", " ")
+
+
+def size_against(size: int, limit: int, name: str) -> str:
+    """A size with its unit and its limit: ``1.6 MiB, over the 1 MiB result limit``."""
+    verdict = "over" if size > limit else "within"
+    return f"{size_text(size)}, {verdict} the {size_text(limit)} {name} limit"
+
+
+class CallFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """Which calls a run page's table lists: every condition given must hold."""
+
+    status: str | None = None
+    tool: str | None = None
+    code: str | None = None
+
+    def keeps(self, row: CallRow) -> bool:
+        """Tell whether the table lists ``row``."""
+        return (
+            (self.status is None or row.status == self.status)
+            and (self.tool is None or row.tool == self.tool)
+            and (self.code is None or row.error_code == self.code)
+        )
+
+    def query(self, **changes: Any) -> str:
+        """The run page's query string for this filter with ``changes`` (None drops one)."""
+        fields = {"status": self.status, "tool": self.tool, "code": self.code, **changes}
+        return urlencode({name: value for name, value in fields.items() if value is not None})
+
+
 class CallsPage(msgspec.Struct, frozen=True, kw_only=True):
-    """Which calls of the run one run page shows: ``first``-``last`` (from 1) of ``total``."""
+    """Which calls the table shows: ``first``-``last`` (from 1) of the ``total`` it lists."""
 
     number: int
     count: int
@@ -89,16 +136,26 @@ class CallsPage(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class RunView(msgspec.Struct, frozen=True, kw_only=True):
-    """The run page: the run, the timeline of this page's calls, and those calls.
+    """The run page: the run, its overview, its failed calls, and one page of its table.
 
-    ``refusals`` are the run's latest refusals, newest first (its counts per code are in
-    ``run.refused``); ``refusals_unreadable`` says the log could not be read.
+    ``overview`` pictures every call and refusal of the run; ``problems`` are its first
+    failed calls (``problems_total`` of them in all); ``timeline`` draws the calls of the
+    table page shown, ``calls``, which ``where`` selects. ``refusals`` are the run's latest
+    refusals, newest first (its counts per code are in ``run.refused``);
+    ``refusals_unreadable`` says the log could not be read. ``live``: calls may still
+    come or end, so the page refreshes itself.
     """
 
     run: RunSummary
+    overview: Overview
+    problems: list[CallRow]
+    problems_total: int
     timeline: Timeline
     calls: list[CallRow]
     page: CallsPage
+    where: CallFilter
+    tools: list[str]
+    live: bool
     refusals: list[Refusal] = msgspec.field(default_factory=list)
     refusals_unreadable: bool = False
 
@@ -116,14 +173,25 @@ class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
 
 
 class InvocationView(msgspec.Struct, frozen=True, kw_only=True):
-    """The invocation page: its row, replay (events and verdict), receipt, failure detail."""
+    """The invocation page: its row, replay (events and verdict), receipt, failure detail.
+
+    ``receipt`` is what the receipt API answers for this call (formatted), with its HTTP
+    status ``receipt_status``. ``position`` is the call's place in its run (from 1, of
+    ``total``), ``previous`` and ``following`` its neighbours; ``sizes`` its request and
+    agent result sizes against the store's limits.
+    """
 
     run_id: str
     call: CallRow
     replay: InvocationReplay | None
-    receipt: str | None
-    receipt_problem: str | None
+    receipt: str
+    receipt_status: int
     failure_detail: FailureDetail | None
+    position: int
+    total: int
+    previous: CallRow | None
+    following: CallRow | None
+    sizes: list[tuple[str, str]]
 
 
 class Payload(msgspec.Struct, frozen=True, kw_only=True):
@@ -138,11 +206,20 @@ class Payload(msgspec.Struct, frozen=True, kw_only=True):
     text: str | None
     shown_bytes: int | None = None
     masked: int = 0
+    #: Its size with its unit and the store's limit for it.
+    size_shown: str = ""
 
 
-async def runs_page(store: Store, cursor: str | None, limit: int = 25) -> RunPage:
-    """The runs page: recent runs newest first."""
-    return await list_runs(store, limit=limit, cursor=cursor)
+async def runs_page(
+    store: Store, cursor: str | None, where: RunFilter | None = None, limit: int = 25
+) -> RunPage:
+    """The runs page: recent runs newest first, those ``where`` keeps."""
+    return await list_runs(store, limit=limit, cursor=cursor, where=where)
+
+
+async def calls_found(store: Store, tool: str | None, code: str | None) -> CallSearch:
+    """The search page: calls of a tool or with an error code across the latest runs."""
+    return await search_calls(store, tool=tool, code=code)
 
 
 def _summary(info: RunInfo, calls: list[CallRow]) -> RunSummary:
@@ -160,52 +237,80 @@ def _summary(info: RunInfo, calls: list[CallRow]) -> RunSummary:
         budget_used=info.used_total,
         budget_total=info.budget_total,
         refused=info.refused,
+        failed=info.failed,
+        tools=info.used,
     )
 
 
-async def run_page(store: Store, run_id: str, page: int = 1) -> RunView | None:
-    """Page ``page`` (from 1) of the run's calls, or None.
+async def _refusals(store: Store, run_id: str, info: RunInfo) -> list[Refusal] | None:
+    """The run's latest refusals (None: the log could not be read)."""
+    if not info.refused:
+        return []
+    try:
+        return await store.refusals(run_id, limit=REFUSALS_MARKED)
+    except CanonError:  # an ACL user without the log's read, or a store outage
+        return None
+
+
+async def run_page(
+    store: Store, run_id: str, page: int = 1, where: CallFilter | None = None
+) -> RunView | None:
+    """Page ``page`` (from 1) of the run's calls that ``where`` keeps, or None.
 
     None when the run is unknown or expired or has no such page (the first always exists).
     """
     info = await store.runs.info(run_id)
     if info is None:
         return None
+    where = where or CallFilter()
     calls = await run_calls(store, run_id)
+    listed = [row for row in calls if where.keeps(row)]
     start = (page - 1) * CALLS_PER_PAGE
-    if page < 1 or (page > 1 and start >= len(calls)):
+    if page < 1 or (page > 1 and start >= len(listed)):
         return None
-    shown = calls[start : start + CALLS_PER_PAGE]
-    refusals: list[Refusal] = []
-    unreadable = False
-    if info.refused:
-        try:
-            refusals = await store.refusals(run_id, limit=REFUSALS_SHOWN)
-        except CanonError:  # an ACL user without the log's read, or a store outage
-            unreadable = True
+    shown = listed[start : start + CALLS_PER_PAGE]
+    problems = [row for row in calls if row.status == "ERROR"]
+    refusals = await _refusals(store, run_id, info)
+    at_ms = now_ms()
+    summary = _summary(info, calls)
     return RunView(
-        refusals=refusals,
-        refusals_unreadable=unreadable,
-        run=_summary(info, calls),
-        timeline=layout(shown, now_ms()),
+        run=summary,
+        overview=overview(
+            calls,
+            [refusal.at_ms for refusal in refusals or ()],
+            at_ms,
+            per_page=CALLS_PER_PAGE,
+            iso=iso_ms,
+        ),
+        problems=problems[:PROBLEMS_SHOWN],
+        problems_total=len(problems),
+        timeline=layout(shown, at_ms),
         calls=shown,
         page=CallsPage(
             number=page,
-            count=max(-(-len(calls) // CALLS_PER_PAGE), 1),
+            count=max(-(-len(listed) // CALLS_PER_PAGE), 1),
             first=start + 1,
             last=start + len(shown),
-            total=len(calls),
+            total=len(listed),
         ),
+        where=where,
+        tools=sorted(info.used),
+        live=summary.status == "active" or summary.calls.get("PROJECTING", 0) > 0,
+        refusals=(refusals or [])[:REFUSALS_SHOWN],
+        refusals_unreadable=refusals is None,
     )
 
 
-async def _call(store: Store, run_id: str, invocation_id: str) -> CallRow | None:
+async def _call(
+    store: Store, run_id: str, invocation_id: str
+) -> tuple[CallRow, list[CallRow]] | None:
+    """The call, and every call of its run (oldest first), or None."""
     tool_call_id = await store.runs.tool_call_id_of(run_id, invocation_id)
     if tool_call_id is None:
         return None
-    return next(
-        (row for row in await run_calls(store, run_id) if row.tool_call_id == tool_call_id), None
-    )
+    calls = await run_calls(store, run_id)
+    found = next((row for row in calls if row.tool_call_id == tool_call_id), None)
+    return None if found is None else (found, calls)
 
 
 def parse_failure_detail(value: bytes) -> FailureDetail:
@@ -241,22 +346,13 @@ def parse_failure_detail(value: bytes) -> FailureDetail:
 
 async def invocation_page(store: Store, run_id: str, invocation_id: str) -> InvocationView | None:
     """The invocation page, or None when the run has no such (unexpired) invocation."""
-    call = await _call(store, run_id, invocation_id)
-    if call is None:
+    found = await _call(store, run_id, invocation_id)
+    if found is None:
         return None
+    call, calls = found
+    index = calls.index(call)
     replay = await replay_invocation(store, run_id, call.tool_call_id)
-    receipt = problem = None
-    try:
-        found = await inspect_invocation(store, run_id, invocation_id)
-        # The agent result is a harness-only payload here: it has its own page.
-        document = msgspec.json.decode(encode_receipt(found))
-        if document.get("result") is not None:
-            document["result"] = RESULT_ELIDED
-        receipt = msgspec.json.format(msgspec.json.encode(document), indent=2).decode()
-    except InvocationNotFound:
-        problem = "no receipt: the invocation is not visible to its run"
-    except CapabilityChanged:
-        problem = "no receipt: the tool was revoked from the run since the call"
+    status, body = await receipt_answer(store, run_id, invocation_id)
     async with redis_errors():
         detail = cast(
             bytes | None,
@@ -264,17 +360,31 @@ async def invocation_page(store: Store, run_id: str, invocation_id: str) -> Invo
                 store.keys.record(run_id, call.tool_call_id), FAILURE_DETAIL_FIELD
             ),
         )
+    limits = store.settings.limits
+    sizes = [
+        (name, size_against(size, limit, name))
+        for name, size, limit in (
+            ("request", call.request_bytes, limits.request_bytes),
+            ("agent result", call.result_bytes, limits.result_bytes),
+        )
+        if size is not None
+    ]
     return InvocationView(
         run_id=run_id,
         call=call,
         replay=replay,
-        receipt=receipt,
-        receipt_problem=problem,
+        receipt=msgspec.json.format(body, indent=2).decode(),
+        receipt_status=status,
         failure_detail=parse_failure_detail(detail) if detail is not None else None,
+        position=index + 1,
+        total=len(calls),
+        previous=calls[index - 1] if index > 0 else None,
+        following=calls[index + 1] if index + 1 < len(calls) else None,
+        sizes=sizes,
     )
 
 
-def _payload(name: str, data: bytes | None, scrub: Scrub | None) -> Payload:
+def _payload(name: str, data: bytes | None, limit: int, scrub: Scrub | None) -> Payload:
     if data is None:
         return Payload(name=name, size=None, text=None)
     # Cut at a byte count; a character split there shows as one replacement character.
@@ -291,6 +401,7 @@ def _payload(name: str, data: bytes | None, scrub: Scrub | None) -> Payload:
         text=text,
         shown_bytes=len(shown) if len(shown) < len(data) else None,
         masked=masked,
+        size_shown=size_against(len(data), limit, name),
     )
 
 
@@ -310,17 +421,19 @@ async def payloads_page(
     The record keeps them whole (they are the audit record); the page masks what looks
     like a secret with the store's scrubber (``StoreSettings.scrub``) unless ``reveal``.
     """
-    call = await _call(store, run_id, invocation_id)
-    if call is None:
+    found = await _call(store, run_id, invocation_id)
+    if found is None:
         return None
+    call = found[0]
     record = await store.get(run_id, call.tool_call_id)
     if record is None:
         return None
+    limits = store.settings.limits
     return call, [
-        _payload(name, data, None if reveal else store.settings.scrub)
-        for name, data in (
-            ("request", record.request),
-            ("raw response", record.raw),
-            ("agent result", record.result),
+        _payload(name, data, limit, None if reveal else store.settings.scrub)
+        for name, data, limit in (
+            ("request", record.request, limits.request_bytes),
+            ("raw response", record.raw, limits.raw_bytes),
+            ("agent result", record.result, limits.result_bytes),
         )
     ]

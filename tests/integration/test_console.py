@@ -175,8 +175,12 @@ async def test_pages_show_runs_timeline_calls_and_failure_detail(make_store: Any
         assert "<b>intact</b>" in ok.text and "Preflighted" in ok.text
         assert "canon.invocation-receipt.v1" in ok.text
         for page in (runs, run, failed, ok):
-            assert "PAYLOAD-MARKER" not in page.text
+            # The request and raw response are harness-only; the agent result is in the
+            # receipt, as the receipt API answers it, on the call's page only.
+            assert "REQUEST-PAYLOAD-MARKER" not in page.text
+            assert "RAW-PAYLOAD-MARKER" not in page.text
             assert page.headers["cache-control"] == "no-store"
+        assert "RESULT-PAYLOAD-MARKER" not in runs.text + run.text + failed.text
         payloads = await client.get(
             f"/console/runs/{RUN}/invocations/{invocation_id(RUN, 'c1')}/payloads"
         )
@@ -204,7 +208,14 @@ async def test_browsing_every_page_writes_nothing_and_keeps_every_ttl(
         await client.get("/console/")  # scripts loaded, templates compiled
         before_ttl = await expiries()
         before = await commandstats(redis)
-        paths = ["/console/", f"/console/runs/{RUN}"]
+        paths = [
+            "/console/",
+            "/console/?status=errors&tool=fetch&q=run-",
+            "/console/search?code=EXECUTION_FAILED",
+            f"/console/runs/{RUN}",
+            f"/console/runs/{RUN}?status=ERROR&tool=fetch",
+            "/console/live.js",
+        ]
         for call in ("c1", "c2", FAILED_CALL, "c-flight"):
             base_path = f"/console/runs/{RUN}/invocations/{invocation_id(RUN, call)}"
             paths += [base_path, base_path + "/payloads"]

@@ -1,76 +1,21 @@
 """The console in a real headless browser (Debian's chromium through chromedriver): log in,
 open a run and see its bars, open the failed call and read its failure detail, log out;
 screenshots are written as test artifacts (``.artifacts/console/``, their paths printed).
-
-The browser is required, never skipped: without it the test fails naming the install
-command (``scripts/test.sh`` installs it as it installs redis-server).
 """
 
 from __future__ import annotations
 
 import asyncio
 import pathlib
-import shutil
-import tempfile
-from collections.abc import Iterator
 from typing import Any
 
-import pytest
 from selenium import webdriver
-from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eventstore.store import Store
+from tests.support.browser import screenshot
 from tests.support.console_run import DETAIL, FAILED_CALL, OPERATOR_TOKEN, RUN, populate, serving
-
-CHROMIUM = pathlib.Path("/usr/bin/chromium")
-CHROMEDRIVER = pathlib.Path("/usr/bin/chromedriver")
-INSTALL = "apt-get install -y chromium chromium-driver"
-ARTIFACTS = pathlib.Path(__file__).parents[2] / ".artifacts" / "console"
-FLAGS = (
-    "--headless",
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-    "--disable-dev-shm-usage",
-    "--window-size=1280,1100",
-)
-
-
-@pytest.fixture
-def browser() -> Iterator[webdriver.Chrome]:
-    """A headless chromium with a fresh profile, quit (and its profile removed) afterwards."""
-    missing = [str(path) for path in (CHROMIUM, CHROMEDRIVER) if not path.exists()]
-    if missing:
-        pytest.fail(f"the console browser test needs {', '.join(missing)}: run '{INSTALL}'")
-    profile = tempfile.mkdtemp(prefix="canon-chromium-")
-    options = webdriver.ChromeOptions()
-    options.binary_location = str(CHROMIUM)  # Debian's, never a downloaded one
-    for flag in (*FLAGS, f"--user-data-dir={profile}"):
-        options.add_argument(flag)
-    driver = webdriver.Chrome(service=Service(str(CHROMEDRIVER)), options=options)
-    driver.set_page_load_timeout(30)
-    try:
-        yield driver
-    finally:
-        driver.quit()
-        shutil.rmtree(profile, ignore_errors=True)
-
-
-def screenshot(driver: webdriver.Chrome, name: str) -> pathlib.Path:
-    ARTIFACTS.mkdir(parents=True, exist_ok=True)
-    path = ARTIFACTS / f"{name}.png"
-    # The whole page: as tall as its content.
-    height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, max(int(height) + 40, 600))
-    assert driver.save_screenshot(str(path)), name
-    print(f"console screenshot: {path}")
-    return path
 
 
 def browse(driver: webdriver.Chrome, base: str) -> list[pathlib.Path]:

@@ -12,7 +12,7 @@ from canon.bench.runner import _durability, _scale_out
 
 #: Index of each goal in GOALS (and in the printed lines).
 WRITER, BOUNDARY, P99, MINIMAL, EVERYSEC, REDIS_CPU, CLIENT_CPU, ALWAYS = range(8)
-FIXED, PAYLOAD, LAG, SCALE_CPU, SCALE_BYTES = range(8, 13)
+FIXED, PAYLOAD, LAG, SCALE_CPU, SCALE_BYTES, CONSOLE = range(8, 14)
 
 
 def _ratios(value: float) -> dict[str, float]:
@@ -44,6 +44,7 @@ def _report(
     payload: float = 1.1,
     lag: dict[str, Any] | None = None,
     scale: list[dict[str, Any]] | None = None,
+    console_ms: float = 80.0,
 ) -> dict[str, Any]:
     def minimal_at(tasks: str, rate: float) -> dict[str, Any]:
         return {"minimal_naive": {"boundary": {tasks: _cell(inv=rate)}}}
@@ -71,6 +72,13 @@ def _report(
         "memory": {"recommended": {"fixed_bytes": fixed, "payload_ratio": payload}},
         "projection_lag": lag or {"measured": True, "p99_ms": 40.0},
         "scale": {"points": scale or []},
+        "console": {
+            "measured": True,
+            "pages": {
+                "runs": {"median_ms": 5.0, "bytes": 9_000},
+                "run page": {"median_ms": console_ms, "bytes": 97_000},
+            },
+        },
     }
 
 
@@ -80,7 +88,20 @@ def _status(report: dict[str, Any]) -> list[str]:
 
 def test_a_report_meeting_every_goal_passes_all_but_the_unmeasured_scale() -> None:
     """Goals at or inside their thresholds PASS; 1M stored is N/A without its run."""
-    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A"]
+    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A", "PASS"]
+
+
+def test_the_console_goal_judges_the_slowest_page_and_names_it() -> None:
+    """The slowest console page's median decides (200 ms passes, 201 does not); the line
+    names that page and its size; without the section the goal is N/A with the reason."""
+    assert _status(_report(console_ms=200.0))[CONSOLE] == "PASS"
+    goals = evaluate_goals(_report(console_ms=201.0))
+    assert goals[CONSOLE]["status"] == "SHORT"
+    assert goal_lines(goals)[CONSOLE].endswith("- run page (97,000 bytes)")
+    report = _report()
+    report["console"] = {"measured": False, "reason": "failed: ConnectionError"}
+    goal = evaluate_goals(report)[CONSOLE]
+    assert goal["status"] == "N/A" and "ConnectionError" in goal_lines([goal])[0]
 
 
 @pytest.mark.parametrize(
@@ -158,9 +179,9 @@ def _point(stored: int, cpu: float, size: float) -> dict[str, Any]:
 def test_scale_goals_compare_1m_with_10k_within_15_percent() -> None:
     """With 10k and 1M stored, Redis CPU per invocation and bytes are judged within 15 %."""
     points = [_point(10_000, 100.0, 5000.0), _point(1_000_000, 114.0, 5800.0)]
-    assert _status(_report(scale=points))[SCALE_CPU:] == ["PASS", "SHORT"]
+    assert _status(_report(scale=points))[SCALE_CPU:CONSOLE] == ["PASS", "SHORT"]
     points = [_point(10_000, 100.0, 5000.0), _point(1_000_000, 116.0, 4300.0)]
-    assert _status(_report(scale=points))[SCALE_CPU:] == ["SHORT", "PASS"]
+    assert _status(_report(scale=points))[SCALE_CPU:CONSOLE] == ["SHORT", "PASS"]
 
 
 def test_scale_goal_uses_the_pair_by_pair_ratio_when_the_sizes_ran_side_by_side() -> None:
@@ -185,7 +206,7 @@ def test_goal_lines_start_with_the_status() -> None:
 def test_every_goal_has_its_own_name() -> None:
     """The goal table names each goal once, so a printed line identifies its goal."""
     names = [goal.name for goal in GOALS]
-    assert len(names) == len(set(names)) == 13
+    assert len(names) == len(set(names)) == 14
 
 
 async def test_a_given_server_leaves_out_the_durability_columns_and_scale_out() -> None:

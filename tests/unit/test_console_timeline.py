@@ -1,9 +1,24 @@
-"""The timeline's geometry: one bar per call on a shared axis, coloured, labelled."""
+"""The timeline's geometry: an overview of the whole run in fixed columns, and one bar per
+call on a shared axis, coloured, labelled (cut to fit)."""
 
 from __future__ import annotations
 
+import msgspec
+
 from eventstore.audit.run_calls import CallRow
-from projections.console.timeline import COLOURS, LABEL_WIDTH, MIN_BAR, WIDTH, duration_text, layout
+from projections.console.timeline import (
+    COLOURS,
+    COLUMNS,
+    LABEL_CHARS,
+    LABEL_WIDTH,
+    MIN_BAR,
+    OVERVIEW_HEIGHT,
+    WIDTH,
+    duration_text,
+    fitted,
+    layout,
+    overview,
+)
 
 
 def row(call: str, status: str, created: int, finished: int | None, **extra: str) -> CallRow:
@@ -57,3 +72,43 @@ def test_durations_read_as_people_say_them() -> None:
         "2.4 s",
         "3 min 5 s",
     ]
+
+
+def test_the_overview_stacks_every_call_by_creation_time_into_fixed_columns() -> None:
+    """3,000 calls fit in at most COLUMNS columns; each column's segments stack to its
+    count over the fullest column's; a column links to the table page of its first call."""
+    rows = [
+        row(
+            f"c{n:04d}",
+            "ERROR" if n % 100 == 0 else "READY",
+            1_000 + n,
+            1_010 + n,
+            evidence="EVIDENCE_FOUND",
+            code="EXECUTION_FAILED",
+        )
+        for n in range(3_000)
+    ]
+    shown = overview(rows, [1_500, 3_999], now_ms=5_000, per_page=100, iso=str)
+    assert 0 < len(shown.columns) <= COLUMNS
+    fullest = max(sum(seg.height for seg in col.segments) for col in shown.columns)
+    assert abs(fullest - OVERVIEW_HEIGHT) < 1e-6
+    for column in shown.columns:
+        assert column.segments[-1].y >= 0  # stacked upwards from the axis, never above
+        assert 1 <= column.page <= 30
+    assert shown.columns[0].page == 1 and shown.columns[-1].page == 30
+    assert any("1 ERROR" in column.title for column in shown.columns)
+    assert len(shown.ticks) == 2 and 0 <= shown.ticks[0] < shown.ticks[1] <= WIDTH - 8
+
+
+def test_an_empty_run_has_an_empty_overview() -> None:
+    shown = overview([], [], now_ms=5_000, per_page=100, iso=str)
+    assert shown.columns == [] and shown.ticks == [] and shown.span_ms == 0
+
+
+def test_a_long_label_is_cut_with_an_ellipsis_and_kept_whole_in_its_title() -> None:
+    long_tool = "search_the_very_long_named_internal_knowledge_base"
+    call = CallRow(**{**msgspec.structs.asdict(row("a", "READY", 1, 2)), "tool": long_tool})
+    (bar,) = layout([call], now_ms=3).bars
+    assert len(bar.label) == LABEL_CHARS and bar.label.endswith("…")
+    assert long_tool in bar.title
+    assert fitted("short") == "short"
