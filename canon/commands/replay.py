@@ -17,6 +17,7 @@ from rich.table import Table
 
 from canon.commands.readonly import (
     bad_ids,
+    elsewhere,
     fail,
     print_json,
     read_only_command,
@@ -314,7 +315,12 @@ def _handle(args: argparse.Namespace) -> int:
             if refused:
                 print_refusals(console, refusals, refused)
         if not replays:
-            fail("no invocation found for that run (absent or expired)")
+            namespace = store.keys.namespace
+            # A run this namespace knows was looked for in the right place.
+            hint = "" if await store.run_info(args.run_id) else await elsewhere(store, args.run_id)
+            # The call id is not repeated: it may hold characters a terminal acts on.
+            what = "no such invocation" if args.tool_call_id else "no invocation found"
+            fail(f"{what} for run {args.run_id} in namespace {namespace} (absent or expired){hint}")
         return RET_OK if intact else RET_PROBLEM
 
     return run_read_only(args, work)

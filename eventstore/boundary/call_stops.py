@@ -3,7 +3,9 @@
 A stop carries what the Failed event records besides the code: the size of a payload
 refused for its size, and the harness-only failure detail of a raising executor or
 projector (:mod:`machine.failure_detail`), already encoded and bounded. The exception
-object itself is never kept: only the bytes the record will hold.
+object itself is never kept: only the bytes the record will hold. A stop for a size
+carries the limit that was hit as well, which picks the agent's message
+(:meth:`machine.limits.LimitHit.message`).
 """
 
 from __future__ import annotations
@@ -11,30 +13,42 @@ from __future__ import annotations
 from eventstore.errors import InvalidArgument
 from machine.codes import ErrorCode
 from machine.errors import CanonError
-from machine.failure_detail import FAILURE_DETAIL_POLICIES, FailureDetailPolicy, failure_detail
-from machine.limits import Limits
+from machine.failure_detail import (
+    FAILURE_DETAIL_POLICIES,
+    FailureDetailPolicy,
+    failure_detail,
+    size_limit_detail,
+)
+from machine.limits import LimitHit, LimitName, Limits
 from machine.scrub import Scrub
 
 
 class CallStop(CanonError):
     """Raised when the boundary ends a call early with an error code (its control flow).
 
-    Never leaves the boundary: the agent gets the code's fixed message.
+    Never leaves the boundary: the agent gets the code's fixed message (for a size, the
+    one naming the limit).
 
     Attributes:
         code: the stable error code the agent is answered with.
         rejected_bytes: the size of a payload refused for its size, if any.
         detail: the encoded failure detail to store, if any.
+        limit: the size limit that was hit, if that is why the call stops.
 
     """
 
     def __init__(
-        self, code: ErrorCode, rejected_bytes: int | None = None, detail: bytes | None = None
+        self,
+        code: ErrorCode,
+        rejected_bytes: int | None = None,
+        detail: bytes | None = None,
+        limit: LimitHit | None = None,
     ) -> None:
         super().__init__(code.value)
         self.code = code
         self.rejected_bytes = rejected_bytes
         self.detail = detail
+        self.limit = limit
 
 
 def checked_policy(policy: object) -> FailureDetailPolicy:
@@ -65,3 +79,23 @@ def tool_failed(
     """
     room = min(limits.failure_detail_bytes, limits.record_bytes - stored_bytes)
     return CallStop(code, detail=failure_detail(exc, policy, room, scrub))
+
+
+def too_large(
+    name: LimitName,
+    actual_bytes: int,
+    limits: Limits,
+    *,
+    rejected_bytes: int,
+    stored_bytes: int,
+) -> CallStop:
+    """Return the stop of a payload over the limit ``name`` (RESULT_TOO_LARGE).
+
+    Its failure detail names the limit, its size and ``actual_bytes`` (what was measured
+    against it); ``rejected_bytes`` is the size of the refused payload the Failed event
+    records. The detail fits what the record limit leaves beside the ``stored_bytes`` the
+    record already holds, as a raising tool's does.
+    """
+    hit = LimitHit(name=name, limit_bytes=getattr(limits, name.value), actual_bytes=actual_bytes)
+    room = min(limits.failure_detail_bytes, limits.record_bytes - stored_bytes)
+    return CallStop(hit.code, rejected_bytes, detail=size_limit_detail(hit, room), limit=hit)

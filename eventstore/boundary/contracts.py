@@ -12,6 +12,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus
+from machine.limits import LimitHit
 
 
 class RunContext(msgspec.Struct, frozen=True):
@@ -133,7 +134,9 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_fiel
 
     Attributes:
         error_code: the stable code.
-        message: the code's fixed message.
+        message: the code's fixed message; for a payload refused for its size, the
+            message naming the limit that was hit and its configured size
+            (:meth:`machine.limits.LimitHit.message`), never the payload's own size.
         tool_call_id: the framework's id of the call this answers; None when that id was
             refused (an unsafe id is never echoed).
         invocation_id: the canonical record's public id when a record holds this outcome,
@@ -153,11 +156,16 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_fiel
         *,
         tool_call_id: str | None = None,
         invocation_id: str | None = None,
+        limit: LimitHit | None = None,
     ) -> ToolError:
-        """Build the reply for ``code`` with its fixed message."""
+        """Build the reply for ``code`` with its fixed message (``limit``'s, when given)."""
+        message = SAFE_MESSAGES[code]
+        # A hit's message belongs to its own code only: any other code keeps its message.
+        if limit is not None and limit.code is code:
+            message = limit.message()
         return cls(
             error_code=code,
-            message=SAFE_MESSAGES[code],
+            message=message,
             tool_call_id=tool_call_id,
             invocation_id=invocation_id,
         )

@@ -9,7 +9,8 @@ and answers what it holds:
 - the record holds another tool or another canonical request: ``DUPLICATE_TOOL_CALL``,
   exactly as without replay (the digest of the canonical request bytes is compared);
 - READY: the stored result, evidence status and scope, as the first reply gave them;
-- ERROR: the record's error code;
+- ERROR: the record's error code (for a size error, with the message naming the limit
+  the record says was hit, so the retry reads what the first call read);
 - still PROJECTING: the record is read again with a growing pause until it finishes or
   ``wait_s`` has passed; past the wait, ``DUPLICATE_TOOL_CALL`` with the invocation id,
   so the harness may look the record up later;
@@ -27,6 +28,8 @@ from eventstore.reader import Reader
 from eventstore.wire.replies import reply_text
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from machine.events import payload_digest
+from machine.failure_detail import decode_failure_detail
+from machine.limits import LimitHit
 from machine.results import decode_result
 
 #: The record fields a replay needs: never the request or the raw response.
@@ -39,6 +42,8 @@ _FIELDS: Final = (
     "scope",
     "error_code",
     "invocation_id",
+    # Harness-only: read for the limit a size error names, never shown.
+    "failure_detail",
 )
 #: First and longest pause between two reads of a record still PROJECTING.
 FIRST_PAUSE_S: Final = 0.005
@@ -98,6 +103,14 @@ def _text(value: bytes | None) -> str | None:
     return reply_text(value, "replace") if value is not None else None
 
 
+def _limit_of(detail: bytes | None) -> LimitHit | None:
+    """The size limit a stored failure detail names, if it names one."""
+    decoded = decode_failure_detail(detail) if detail is not None else None
+    if decoded is None or not isinstance(decoded.limit, LimitHit):
+        return None
+    return decoded.limit
+
+
 def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply | None:
     """The reply a finished record holds; None while it is PROJECTING (or unreadable)."""
     invocation = _text(fields.get("invocation_id"))
@@ -113,7 +126,12 @@ def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply |
             )
         if status == Status.ERROR.value.encode():
             code = ErrorCode(fields["error_code"].decode())
-            return ToolError.of(code, tool_call_id=tool_call_id, invocation_id=invocation)
+            return ToolError.of(
+                code,
+                tool_call_id=tool_call_id,
+                invocation_id=invocation,
+                limit=_limit_of(fields.get("failure_detail")),
+            )
     except (KeyError, ValueError):  # UnicodeDecodeError and msgspec's DecodeError too
         # A record that does not hold a readable reply is not replayed, only refused.
         return ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id=tool_call_id)

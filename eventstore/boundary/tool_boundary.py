@@ -25,7 +25,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from eventstore.boundary.call_stops import CallStop, checked_policy, tool_failed
+from eventstore.boundary.call_stops import CallStop, checked_policy, too_large, tool_failed
 from eventstore.boundary.call_trace import CallTrace
 from eventstore.boundary.contracts import (
     AgentReply,
@@ -55,7 +55,7 @@ from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.failure_detail import FailureDetailPolicy
 from machine.ids import invocation_id, is_run_id
-from machine.limits import Limits, utf8_size
+from machine.limits import LimitHit, LimitName, Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 from machine.results import decode_result, encode_raw, encode_result
 
@@ -90,7 +90,9 @@ class ToolBoundary:
             the event loop's default executor).
         failure_detail: what the record keeps, for the harness only, when an executor
             or projector raises (:mod:`machine.failure_detail`): ``"full"`` (default:
-            type, message, traceback), ``"type"`` (the type name) or ``"none"``.
+            type, message, traceback), ``"type"`` (the type name) or ``"none"``. A
+            payload refused for its size raised nothing: its record keeps the limit that
+            was hit and the sizes, under every policy (they hold no payload text).
 
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
@@ -132,6 +134,9 @@ class ToolBoundary:
         self._replay = on_duplicate == "replay"
         self._replay_wait_s = float(replay_wait_s)
         self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
+        # Every code from the start: the keys never change, so a metrics scrape in another
+        # thread can copy the dict while calls count into it.
+        self._refused: dict[ErrorCode, int] = dict.fromkeys(ErrorCode, 0)
 
     def close(self, *, wait: bool = False, timeout_s: float | None = None) -> None:
         """Stop this boundary's own tool threads; see :meth:`ToolThreads.close`."""
@@ -145,6 +150,19 @@ class ToolBoundary:
         (EXECUTION_FAILED) until some return; see :mod:`eventstore.boundary.tool_threads`.
         """
         return self._threads.stuck
+
+    @property
+    def refusals(self) -> dict[ErrorCode, int]:
+        """Calls this boundary refused before any record existed, by code, since it was built.
+
+        A refusal is decided in preflight, by the creation script (run state, pause,
+        duplicate, budgets) or by a duplicate that no record answers: the refusals a
+        run's refusal log keeps, here also those naming no run that exists. A copy,
+        with every code (0 for those never seen). Counted in memory, only when a call is
+        refused: a call that is not refused costs nothing more. A view
+        (:meth:`answering_duplicates`) counts into the same counts.
+        """
+        return dict(self._refused)
 
     @property
     def store_timeout_s(self) -> float:
@@ -230,9 +248,16 @@ class ToolBoundary:
         except InvalidRequest:
             raise CallStop(ErrorCode.INVALID_INPUT) from None
         except OverflowError:
-            raise CallStop(ErrorCode.REQUEST_TOO_LARGE) from None
+            # Too long even to parse: over the limit, by how much was not measured.
+            hit = LimitHit(name=LimitName.REQUEST, limit_bytes=limits.request_bytes)
+            raise CallStop(hit.code, limit=hit) from None
         if len(request) > limits.request_bytes:
-            raise CallStop(ErrorCode.REQUEST_TOO_LARGE)
+            hit = LimitHit(
+                name=LimitName.REQUEST,
+                limit_bytes=limits.request_bytes,
+                actual_bytes=len(request),
+            )
+            raise CallStop(hit.code, limit=hit)
         tool = self._tool_of(envelope)
         if tool is None:
             raise CallStop(ErrorCode.UNKNOWN_TOOL)
@@ -270,7 +295,7 @@ class ToolBoundary:
             tool, request = self._preflight(ctx, envelope)
         except CallStop as stop:
             await self._record_refusal(ctx.run_id, envelope.tool, envelope.tool_call_id, stop.code)
-            return trace.refuse(stop.code, "preflight")
+            return self._refuse(trace, stop.code, "preflight", stop.limit)
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
         # Built before it is sent, so that an interrupted creation can be sent again.
         creation = preflighted(run_id, tool_call_id, envelope.tool, request)
@@ -294,7 +319,7 @@ class ToolBoundary:
                 return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
             if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
                 return await self._replay_duplicate(trace, run_id, envelope.tool, request)
-            return trace.refuse(refused.error_code, "create")
+            return self._refuse(trace, refused.error_code, "create")
         except StoreUnavailable:
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
         except BaseException:
@@ -312,6 +337,13 @@ class ToolBoundary:
             return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except (StoreUnavailable, Refused):
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    def _refuse(
+        self, trace: CallTrace, code: ErrorCode, stage: str, limit: LimitHit | None = None
+    ) -> ToolError:
+        """Count a refusal (see :attr:`refusals`), then log it and return its reply."""
+        self._refused[code] += 1
+        return trace.refuse(code, stage, limit)
 
     async def _record_refusal(
         self, run_id: object, tool: object, tool_call_id: object, code: ErrorCode
@@ -349,7 +381,7 @@ class ToolBoundary:
         if isinstance(reply, ToolError) and reply.invocation_id is None:
             # Nothing recorded answers it (another request, or the record is gone).
             await self._record_refusal(run_id, tool, tool_call_id, reply.error_code)
-            return trace.refuse(reply.error_code, "replay")
+            return self._refuse(trace, reply.error_code, "replay")
         return trace.replay(reply)
 
     async def _execute(
@@ -373,7 +405,14 @@ class ToolBoundary:
             except (TypeError, ValueError, OverflowError):
                 raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
             if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
-                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(raw))
+                over_raw = len(raw) > limits.raw_bytes
+                raise too_large(
+                    LimitName.RAW if over_raw else LimitName.RECORD,
+                    len(raw) if over_raw else len(request) + len(raw),
+                    limits,
+                    rejected_bytes=len(raw),
+                    stored_bytes=len(request),
+                )
             head = await self._commit(
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
@@ -393,7 +432,19 @@ class ToolBoundary:
                 or scope_bytes > limits.scope_bytes
                 or total > limits.record_bytes
             ):
-                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(result))
+                # Which limit, found only once one was hit: a call within them pays nothing.
+                name, measured = next(
+                    (name, measured)
+                    for name, measured in (
+                        (LimitName.RESULT, len(result)),
+                        (LimitName.SCOPE, scope_bytes),
+                        (LimitName.RECORD, total),
+                    )
+                    if measured > getattr(limits, name.value)
+                )
+                raise too_large(
+                    name, measured, limits, rejected_bytes=len(result), stored_bytes=stored
+                )
             await self._commit(
                 trace,
                 "Completed",
@@ -404,7 +455,7 @@ class ToolBoundary:
             await self._closing_if_cut(
                 trace, head, self._commit(trace, "Failed", failing, stop.code)
             )
-            return trace.error(stop.code, recorded=True)
+            return trace.error(stop.code, recorded=True, limit=stop.limit)
         except Exception:
             raise  # store failures: answered by _invoke
         except BaseException:
