@@ -85,12 +85,17 @@ class CallTrace:
         )
         return self.error(code, recorded=False)
 
-    def error(self, code: ErrorCode, *, recorded: bool) -> ToolError:
-        """The reply for ``code``; ``recorded``: this call's record holds the outcome."""
+    def error(self, code: ErrorCode, *, recorded: bool, message: str | None = None) -> ToolError:
+        """The reply for ``code``; ``recorded``: this call's record holds the outcome.
+
+        ``message``: the tool's own error text its record keeps as the agent result,
+        shown instead of the code's fixed message (None: the fixed message).
+        """
         return ToolError.of(
             code,
             tool_call_id=self.ids["tool_call_id"],
             invocation_id=self.invocation_id if recorded else None,
+            message=message,
         )
 
     def interrupted(self, closed: Head | None, error_type: str | None) -> None:

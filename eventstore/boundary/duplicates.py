@@ -9,7 +9,9 @@ and answers what it holds:
 - the record holds another tool or another canonical request: ``DUPLICATE_TOOL_CALL``,
   exactly as without replay (the digest of the canonical request bytes is compared);
 - READY: the stored result, evidence status and scope, as the first reply gave them;
-- ERROR: the record's error code;
+- ERROR: the record's error code, with the tool's own error text when the record keeps
+  one as its agent result (``ToolSpec.error_result``), as the first reply gave it, else
+  the code's fixed message;
 - still PROJECTING: the record is read again with a growing pause until it finishes or
   ``wait_s`` has passed; past the wait, ``DUPLICATE_TOOL_CALL`` with the invocation id,
   so the harness may look the record up later;
@@ -98,6 +100,21 @@ def _text(value: bytes | None) -> str | None:
     return reply_text(value, "replace") if value is not None else None
 
 
+def _error_text(stored: bytes | None) -> str | None:
+    """The tool's error text a failed record keeps as its agent result; None: none kept.
+
+    Raises:
+        ValueError: the stored bytes are not a JSON string (the record is not replayed).
+
+    """
+    if stored is None:
+        return None
+    text = decode_result(stored)
+    if not isinstance(text, str):
+        raise ValueError("a failed record's agent result is a JSON string")
+    return text
+
+
 def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply | None:
     """The reply a finished record holds; None while it is PROJECTING (or unreadable)."""
     invocation = _text(fields.get("invocation_id"))
@@ -113,7 +130,12 @@ def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply |
             )
         if status == Status.ERROR.value.encode():
             code = ErrorCode(fields["error_code"].decode())
-            return ToolError.of(code, tool_call_id=tool_call_id, invocation_id=invocation)
+            return ToolError.of(
+                code,
+                tool_call_id=tool_call_id,
+                invocation_id=invocation,
+                message=_error_text(fields.get("result")),
+            )
     except (KeyError, ValueError):  # UnicodeDecodeError and msgspec's DecodeError too
         # A record that does not hold a readable reply is not replayed, only refused.
         return ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id=tool_call_id)
