@@ -86,16 +86,26 @@ class CallTrace:
         )
         return self.error(code, recorded=False, limit=limit)
 
-    def error(self, code: ErrorCode, *, recorded: bool, limit: LimitHit | None = None) -> ToolError:
+    def error(
+        self,
+        code: ErrorCode,
+        *,
+        recorded: bool,
+        limit: LimitHit | None = None,
+        message: str | None = None,
+    ) -> ToolError:
         """The reply for ``code``; ``recorded``: this call's record holds the outcome.
 
         ``limit``: the size limit that was hit, which the message then names.
+        ``message``: the tool's own error text its record keeps as the agent result,
+        shown instead of the code's fixed message (None: the fixed message).
         """
         return ToolError.of(
             code,
             tool_call_id=self.ids["tool_call_id"],
             invocation_id=self.invocation_id if recorded else None,
             limit=limit,
+            message=message,
         )
 
     def interrupted(self, closed: Head | None, error_type: str | None) -> None:

@@ -9,8 +9,10 @@ and answers what it holds:
 - the record holds another tool or another canonical request: ``DUPLICATE_TOOL_CALL``,
   exactly as without replay (the digest of the canonical request bytes is compared);
 - READY: the stored result, evidence status and scope, as the first reply gave them;
-- ERROR: the record's error code (for a size error, with the message naming the limit
-  the record says was hit, so the retry reads what the first call read);
+- ERROR: the record's error code, with the message the first reply gave: for a size
+  error, the one naming the limit the record says was hit; for a tool that opted in
+  (``ToolSpec.error_result``), the tool's own error text when the record keeps one as
+  its agent result; else the code's fixed message;
 - still PROJECTING: the record is read again with a growing pause until it finishes or
   ``wait_s`` has passed; past the wait, ``DUPLICATE_TOOL_CALL`` with the invocation id,
   so the harness may look the record up later;
@@ -111,6 +113,21 @@ def _limit_of(detail: bytes | None) -> LimitHit | None:
     return decoded.limit
 
 
+def _error_text(stored: bytes | None) -> str | None:
+    """The tool's error text a failed record keeps as its agent result; None: none kept.
+
+    Raises:
+        ValueError: the stored bytes are not a JSON string (the record is not replayed).
+
+    """
+    if stored is None:
+        return None
+    text = decode_result(stored)
+    if not isinstance(text, str):
+        raise ValueError("a failed record's agent result is a JSON string")
+    return text
+
+
 def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply | None:
     """The reply a finished record holds; None while it is PROJECTING (or unreadable)."""
     invocation = _text(fields.get("invocation_id"))
@@ -131,6 +148,7 @@ def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply |
                 tool_call_id=tool_call_id,
                 invocation_id=invocation,
                 limit=_limit_of(fields.get("failure_detail")),
+                message=_error_text(fields.get("result")),
             )
     except (KeyError, ValueError):  # UnicodeDecodeError and msgspec's DecodeError too
         # A record that does not hold a readable reply is not replayed, only refused.

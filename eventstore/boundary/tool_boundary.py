@@ -4,8 +4,11 @@ Order of one call: preflight (nothing executed; a refusal goes on the run's refu
 log, nothing else is stored) → the creation script
 (run state, pause, duplicate and budgets, checked atomically with the record's creation)
 → executor → raw response stored complete → projector → bounded result stored → the
-agent receives that result, or a stable error code with its fixed message. Nothing raised
-by a tool, a projector, the input or Redis escapes to the agent.
+agent receives that result, or a stable error code with its fixed message (for a size
+error, the one naming the limit that was hit; for a tool that opted in with
+``ToolSpec.error_result``, EXECUTION_FAILED with the tool's own error text, scrubbed,
+bounded and stored as the failed record's agent result first). Nothing raised by a tool,
+a projector, the input or Redis escapes to the agent.
 
 Three concerns live in modules of their own: answering a retried call from its record
 (:mod:`eventstore.boundary.duplicates`), closing the record of a call cut short by its
@@ -25,7 +28,13 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from eventstore.boundary.call_stops import CallStop, checked_policy, too_large, tool_failed
+from eventstore.boundary.call_stops import (
+    CallStop,
+    checked_policy,
+    error_text_result,
+    too_large,
+    tool_failed,
+)
 from eventstore.boundary.call_trace import CallTrace
 from eventstore.boundary.contracts import (
     AgentReply,
@@ -39,7 +48,12 @@ from eventstore.boundary.contracts import (
 )
 from eventstore.boundary.duplicates import replay_duplicate
 from eventstore.boundary.interrupts import Interruptions, caller_cancelled
-from eventstore.boundary.registered_tools import RegisteredTool, call_tool_function, check_tools
+from eventstore.boundary.registered_tools import (
+    RegisteredTool,
+    ToolRaised,
+    call_tool_function,
+    check_tools,
+)
 from eventstore.boundary.tool_threads import ToolThreads
 from eventstore.boundary.tracing import InvocationSpan, tracing
 from eventstore.errors import (
@@ -99,8 +113,8 @@ class ToolBoundary:
             (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
             positive number of seconds, or ``on_duplicate`` / ``replay_wait_s`` is not
             one of the accepted values, or ``max_tool_threads`` is below 1, or
-            ``failure_detail`` is not a policy; caught here,
-            not on its first call.
+            ``failure_detail`` is not a policy, or a tool's ``error_result`` is not
+            callable; caught here, not on its first call.
 
     """
 
@@ -393,6 +407,8 @@ class ToolBoundary:
         try:
             try:
                 raw_value = await tool.execute(arguments, call, trace.task)
+            except ToolRaised as raised:
+                raise self._tool_raised(tool, raised.error, len(request), trace) from None
             except Exception as exc:
                 raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
             except asyncio.CancelledError as exc:
@@ -451,11 +467,15 @@ class ToolBoundary:
                 self._store.writer.complete(head, result, evidence, projection.scope),
             )
         except CallStop as stop:
-            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes, stop.detail)
+            failing = self._store.writer.fail(
+                head, stop.code, stop.rejected_bytes, stop.detail, stop.result
+            )
             await self._closing_if_cut(
                 trace, head, self._commit(trace, "Failed", failing, stop.code)
             )
-            return trace.error(stop.code, recorded=True, limit=stop.limit)
+            # Answered once the record holds it: the agent, a replay and a receipt agree
+            # on the tool's text; a size error's message names the limit it hit.
+            return trace.error(stop.code, recorded=True, limit=stop.limit, message=stop.message)
         except Exception:
             raise  # store failures: answered by _invoke
         except BaseException:
@@ -481,10 +501,38 @@ class ToolBoundary:
             await self._interruptions.close(head, None, trace.interrupted)
             raise
 
-    def _failed(self, code: ErrorCode, exc: BaseException, stored_bytes: int) -> CallStop:
+    def _failed(
+        self,
+        code: ErrorCode,
+        exc: BaseException,
+        stored_bytes: int,
+        result: bytes | None = None,
+    ) -> CallStop:
         """The stop of a raising executor or projector, with its failure detail."""
         scrub = self._store.settings.scrub
-        return tool_failed(code, exc, self._failure_detail, self._limits, stored_bytes, scrub)
+        return tool_failed(
+            code, exc, self._failure_detail, self._limits, stored_bytes, scrub, result
+        )
+
+    def _tool_raised(
+        self, tool: RegisteredTool, error: Exception, stored_bytes: int, trace: CallTrace
+    ) -> CallStop:
+        """The stop of an executor that raised ``error``: EXECUTION_FAILED.
+
+        The agent is shown the tool's own text of ``error`` when its ToolSpec opted in
+        (``error_result``) and that text can be kept (:func:`error_text_result`).
+        """
+        error_result = tool.spec.error_result
+        if error_result is None:
+            return self._failed(ErrorCode.EXECUTION_FAILED, error, stored_bytes)
+        try:
+            text: object = error_result(error)
+        except Exception as exc:  # the harness's callable: the agent gets the fixed message
+            trace.logger.warning("error_result_failed", **trace.ids, error_type=type(exc).__name__)
+            text = None
+        scrub = self._store.settings.scrub
+        result = error_text_result(text, self._limits, stored_bytes, scrub)
+        return self._failed(ErrorCode.EXECUTION_FAILED, error, stored_bytes, result)
 
     async def _project(
         self,

@@ -87,6 +87,31 @@ def test_a_reply_names_the_limit_of_its_own_code_only() -> None:
     )
 
 
+def test_a_size_message_is_never_read_as_a_tools_own_text() -> None:
+    """A reply naming its limit is not ``from_tool``: only EXECUTION_FAILED carries a
+    tool's text (so MCP answers a size error with canon's safe error JSON)."""
+    for name in LimitName:
+        hit = LimitHit(name=name, limit_bytes=1000, actual_bytes=1001)
+        reply = ToolError.of(hit.code, limit=hit)
+        assert reply.message == hit.message() != SAFE_MESSAGES[hit.code]
+        assert not reply.from_tool
+
+
+def test_a_tools_text_answers_execution_failed_only_and_a_hit_its_own_code() -> None:
+    """Given both, each message goes to its own code only: the tool's text to
+    EXECUTION_FAILED, the hit's to its size code; any other code keeps its fixed one."""
+    hit = LimitHit(name=LimitName.RESULT, limit_bytes=16384, actual_bytes=20000)
+    text = "unknown city 'Pariss'"
+
+    failed = ToolError.of(ErrorCode.EXECUTION_FAILED, limit=hit, message=text)
+    too_large = ToolError.of(ErrorCode.RESULT_TOO_LARGE, limit=hit, message=text)
+    other = ToolError.of(ErrorCode.PROJECTION_FAILED, limit=hit, message=text)
+
+    assert (failed.message, failed.from_tool) == (text, True)
+    assert (too_large.message, too_large.from_tool) == (DEFAULT_MESSAGES[LimitName.RESULT], False)
+    assert (other.message, other.from_tool) == (SAFE_MESSAGES[ErrorCode.PROJECTION_FAILED], False)
+
+
 def test_the_size_detail_holds_the_limit_its_size_and_the_measured_size() -> None:
     """The harness-only detail: type size_limit, one line, and the hit as data."""
     hit = LimitHit(name=LimitName.RAW, limit_bytes=1 << 20, actual_bytes=(1 << 20) + 1)
