@@ -42,6 +42,7 @@ from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.runs import OpenedRun, Refusal, RunInfo
 from eventstore.server.durability import DurabilityMode, DurabilityReport
 from eventstore.store import Store
+from machine.codes import ErrorCode
 from machine.limits import Limits
 
 T = TypeVar("T")
@@ -463,6 +464,14 @@ class SyncBoundary:
         :mod:`eventstore.boundary.tool_threads`.
         """
         return self._boundary.stuck_tool_threads
+
+    @property
+    def refusals(self) -> dict[ErrorCode, int]:
+        """Calls this boundary refused before any record existed, by code.
+
+        See :attr:`ToolBoundary.refusals`.
+        """
+        return self._boundary.refusals
 
     def answering_duplicates(self, on_duplicate: OnDuplicate) -> SyncBoundary:
         """This boundary, answering a used (run, tool call id) as ``on_duplicate`` says.

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -35,6 +36,7 @@ from machine.codes import ErrorCode, EvidenceStatus
 from machine.events import (
     GENESIS_HASH,
     PAYLOAD_OF,
+    PAYLOADS_OF,
     Completed,
     Event,
     Failed,
@@ -160,13 +162,18 @@ class Writer:
     async def append(
         self,
         event: Event,
-        payload: bytes | None = None,
+        payload: bytes | Mapping[str, bytes] | None = None,
         *,
         run_id: str,
         tool_call_id: str,
         log_refusals: RefusalLogging = "all",
     ) -> Head:
         """Append one prepared event (and its payload, if its type has one).
+
+        ``payload`` is the bytes of the event type's payload, or, for a type that carries
+        several (``Failed``: the failure detail and the agent result), the bytes of each
+        by its record field (:data:`~machine.events.PAYLOADS_OF`); a payload left out is
+        not stored.
 
         A creation the run refuses (budgets, duplicate, deadline, pause...) is put on the
         run's refusal log by the same script, as ``log_refusals`` says (see
@@ -188,9 +195,15 @@ class Writer:
         hash_ = event_hash(encoded)
         kind = event_type(event)
         pairs: list[Any] = record_pairs(event)
-        field = PAYLOAD_OF[kind].payload
-        if field is not None and payload is not None:
-            pairs += (field, payload)
+        if isinstance(payload, bytes):
+            field = PAYLOAD_OF[kind].payload
+            if field is not None:
+                pairs += (field, payload)
+        elif payload is not None:
+            for fields in PAYLOADS_OF[kind]:
+                value = payload.get(fields.payload) if fields.payload is not None else None
+                if value is not None:
+                    pairs += (fields.payload, value)
         if isinstance(event, Preflighted):
             committed = await self._scripts.create(
                 CreateScript.arguments(
@@ -318,12 +331,14 @@ class Writer:
         error_code: ErrorCode,
         rejected_bytes: int | None = None,
         failure_detail: bytes | None = None,
+        result: bytes | None = None,
     ) -> Head:
         """Make the record ERROR with a stable code (Failed).
 
         ``failure_detail`` (:mod:`machine.failure_detail`), when given, is stored in the
         record's ``failure_detail`` field in the same script call, its digest and size in
-        the event.
+        the event. So is ``result``, the agent result the agent was shown instead of the
+        code's fixed message (the tool's own error text as JSON), in the ``result`` field.
         """
         event = Failed(
             **_next_event(head),
@@ -333,7 +348,19 @@ class Writer:
             if failure_detail is None
             else payload_digest(failure_detail),
             failure_detail_bytes=UNSET if failure_detail is None else len(failure_detail),
+            result_sha256=UNSET if result is None else payload_digest(result),
+            result_bytes=UNSET if result is None else len(result),
         )
+        payload: bytes | dict[str, bytes] | None = failure_detail
+        if result is not None:
+            # Two payloads, by record field; a failure without an agent result (the usual
+            # one) keeps the one-payload path.
+            payload = {"result": result}
+            if failure_detail is not None:
+                payload["failure_detail"] = failure_detail
         return await self.append(
-            event, failure_detail, run_id=head.run_id, tool_call_id=head.tool_call_id
+            event,
+            payload,
+            run_id=head.run_id,
+            tool_call_id=head.tool_call_id,
         )

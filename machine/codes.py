@@ -68,7 +68,11 @@ class ErrorCode(StrEnum):
     CALLER_CANCELLED = "CALLER_CANCELLED"
 
 
-#: One fixed message per code. These are the only words an agent ever reads about a failure.
+#: One fixed message per code. These are the only words an agent ever reads about a failure,
+#: but for a payload refused for its size, whose reply names the limit that was hit and its
+#: configured size instead (:meth:`machine.limits.LimitHit.message`), and for EXECUTION_FAILED
+#: of a tool that opted in (``ToolSpec.error_result``), whose reply is the tool's own error
+#: text, scrubbed, bounded and recorded. Receipts keep these, but for that recorded text.
 SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.INVALID_TOOL_CALL_ID: "The tool call id is missing or not allowed.",
     ErrorCode.RUN_MISMATCH: "The tool call does not belong to the current run.",

@@ -8,7 +8,7 @@ Tags are explicit and permanent: renaming a class never changes what is stored.
 
 The Structs are the one declaration of each event's fields: which are hex, which are a
 payload's digest and size, and their compact order. The compact codec, the record fields
-the fold sets and every payload map (:data:`PAYLOAD_OF`, :data:`PAYLOAD_FIELDS`) are
+the fold sets and every payload map (:data:`PAYLOADS_OF`, :data:`PAYLOAD_FIELDS`) are
 derived from them.
 
 Events are stored in the compact encoding of schema 2 (:mod:`machine.compact`): one
@@ -99,12 +99,18 @@ class Failed(_Event, frozen=True, tag="Failed"):
     the payload itself is never stored. ``failure_detail_sha256`` and
     ``failure_detail_bytes`` are the digest and size of the harness-only failure detail
     stored with the event (:mod:`machine.failure_detail`); ``UNSET`` when none was kept.
+    ``result_sha256`` and ``result_bytes`` are those of the agent result stored with the
+    event: the tool's own error text, bounded and scrubbed, that the agent was shown
+    instead of the code's fixed message (a ``ToolSpec``'s ``error_result``); ``UNSET``
+    when the agent was shown the fixed message.
     """
 
     error_code: ErrorCode
     rejected_bytes: Annotated[int | None, Size(None)] = None
     failure_detail_sha256: Annotated[OptionalHex, Digest("failure_detail")] = UNSET
     failure_detail_bytes: Annotated[int | UnsetType, Size("failure_detail")] = UNSET
+    result_sha256: Annotated[OptionalHex, Digest("result")] = UNSET
+    result_bytes: Annotated[int | UnsetType, Size("result")] = UNSET
 
 
 Event = Preflighted | ProjectingStarted | Completed | Failed
@@ -118,11 +124,12 @@ EVENT_TYPES: Final = tuple(str(event.__struct_config__.tag) for event in EVENT_C
 
 
 class PayloadFields(NamedTuple):
-    """Where one event type's payload lives: its record field, digest field and size field.
+    """Where one payload of an event type lives: its record field, digest and size fields.
 
     ``rejected`` names the field holding the size of a payload refused for its size,
-    never stored (``Failed`` only). A ``Failed`` event's own payload, the failure detail,
-    is optional: its digest and size fields are ``UNSET`` when none was kept.
+    never stored (``Failed`` only). A ``Failed`` event's own payloads, the failure detail
+    and the agent result, are optional: their digest and size fields are ``UNSET`` when
+    none was kept.
     """
 
     payload: str | None
@@ -131,7 +138,8 @@ class PayloadFields(NamedTuple):
     rejected: str | None = None
 
 
-def _payload_fields(event: type[msgspec.Struct]) -> PayloadFields:
+def _payload_fields(event: type[msgspec.Struct]) -> tuple[PayloadFields, ...]:
+    """Every payload ``event`` declares, in declaration order (one entry when it has none)."""
     digests: dict[str, str] = {}
     sizes: dict[str | None, str] = {}
     for name, hint in typing.get_type_hints(event, include_extras=True).items():
@@ -140,24 +148,38 @@ def _payload_fields(event: type[msgspec.Struct]) -> PayloadFields:
                 digests[mark.payload] = name
             elif isinstance(mark, Size):
                 sizes[mark.payload] = name
-    assert len(digests) <= 1, "one stored payload per event type"
-    payload = next(iter(digests), None)
-    return PayloadFields(
-        payload,
-        digests.get(payload) if payload else None,
-        sizes.get(payload) if payload else None,
-        sizes.get(None),
+    assert set(digests) == set(sizes) - {None}, "every stored payload has a digest and a size"
+    rejected = sizes.get(None)
+    if not digests:
+        return (PayloadFields(None, None, None, rejected),)
+    return tuple(
+        PayloadFields(payload, digest, sizes[payload], rejected)
+        for payload, digest in digests.items()
     )
 
 
-#: Per event type, its payload's record field, digest field and size field.
-PAYLOAD_OF: Final = {event.__struct_config__.tag: _payload_fields(event) for event in EVENT_CLASSES}
+#: Per event type, every payload it may carry, in declaration order (a Failed event: the
+#: failure detail, then the agent result).
+PAYLOADS_OF: Final = {
+    event.__struct_config__.tag: _payload_fields(event) for event in EVENT_CLASSES
+}
+#: Per event type, its first payload's record field, digest field and size field.
+PAYLOAD_OF: Final = {kind: payloads[0] for kind, payloads in PAYLOADS_OF.items()}
 #: Record fields holding payload bytes, in lifecycle order, with their digest and size fields.
 PAYLOAD_FIELDS: Final = {
     fields.payload: (fields.digest, fields.size)
-    for fields in PAYLOAD_OF.values()
+    for payloads in PAYLOADS_OF.values()
+    for fields in payloads
     if fields.payload is not None and fields.digest is not None and fields.size is not None
 }
+# A payload two event types carry (the agent result: Completed and Failed) is one record
+# field, so both must name the same digest and size fields.
+assert all(
+    PAYLOAD_FIELDS[fields.payload] == (fields.digest, fields.size)
+    for payloads in PAYLOADS_OF.values()
+    for fields in payloads
+    if fields.payload is not None
+), "a payload's digest and size fields are the same in every event that carries it"
 
 _json_decoder = msgspec.json.Decoder(Event)
 _codec: Final = CompactCodec(EVENT_CLASSES, genesis_hash=GENESIS_HASH, schema=SCHEMA_VERSION)

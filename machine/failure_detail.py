@@ -16,7 +16,13 @@ message longer than a quarter of the limit is cut to that quarter first (the tra
 last line repeats it); then the traceback loses its start (the innermost frame and the
 exception line are at its end), then the message its end, then the type name its end;
 ``cut_bytes`` says how many UTF-8 bytes of text were cut. Text that is not valid UTF-8
-(lone surrogates) is kept escaped. Pure: no I/O.
+(lone surrogates) is kept escaped.
+
+A payload refused for its size (RESULT_TOO_LARGE) raised nothing, but its record keeps a
+detail too (:func:`size_limit_detail`): type ``size_limit``, a one-line message, and the
+limit that was hit as data, ``"limit": {"name", "limit_bytes", "actual_bytes"}``
+(:class:`machine.limits.LimitHit`). It holds sizes only, never payload text, so it is
+kept under every policy. Pure: no I/O.
 """
 
 from __future__ import annotations
@@ -25,13 +31,17 @@ import traceback
 from typing import Final, Literal
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
+from machine.limits import LimitHit
 from machine.scrub import Scrub, scrub_secrets
 
 #: What a boundary keeps of a raising tool's exception (see ``ToolBoundary``).
 FailureDetailPolicy = Literal["full", "type", "none"]
 #: The accepted policies.
 FAILURE_DETAIL_POLICIES: Final = ("full", "type", "none")
+#: The ``type`` of the detail of a payload refused for its size (no exception raised).
+SIZE_LIMIT_TYPE: Final = "size_limit"
 
 
 class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -43,6 +53,8 @@ class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
         traceback: the formatted traceback, chained exceptions included ("" under
             ``"type"``).
         cut_bytes: UTF-8 bytes of text cut to fit the limit (0 when nothing was cut).
+        limit: for a payload refused for its size, the limit it went over (absent, not
+            even a key, for an exception's detail).
 
     """
 
@@ -50,6 +62,7 @@ class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
     message: str
     traceback: str
     cut_bytes: int = 0
+    limit: LimitHit | UnsetType = UNSET
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -125,7 +138,9 @@ def bounded(detail: FailureDetail, limit_bytes: int) -> bytes | None:
     while True:
         cut = original - _size(kind) - _size(message) - _size(trace)
         encoded = _encoder.encode(
-            FailureDetail(type=kind, message=message, traceback=trace, cut_bytes=cut)
+            FailureDetail(
+                type=kind, message=message, traceback=trace, cut_bytes=cut, limit=detail.limit
+            )
         )
         over = len(encoded) - limit_bytes
         if over <= 0:
@@ -167,6 +182,18 @@ def failure_detail(
         message=_scrubbed(scrub, _text(_message(exc))) if full else "",
         traceback=_scrubbed(scrub, _text(_formatted_traceback(exc))) if full else "",
     )
+    return bounded(detail, limit_bytes)
+
+
+def size_limit_detail(hit: LimitHit, limit_bytes: int) -> bytes | None:
+    """Return the stored detail of a payload refused for its size; None when it cannot fit.
+
+    ``limit_bytes`` is the room the record leaves it, as for any detail; the limit's data
+    is never cut, only its message line.
+    """
+    if limit_bytes <= 0:
+        return None
+    detail = FailureDetail(type=SIZE_LIMIT_TYPE, message=hit.describe(), traceback="", limit=hit)
     return bounded(detail, limit_bytes)
 
 

@@ -1,9 +1,20 @@
-"""Byte limits, all counted in UTF-8, and the helpers that measure payloads."""
+"""Byte limits counted in UTF-8, the helpers that measure payloads, and size errors.
+
+A size error names the limit that was hit and that limit's configured size, never the
+payload's own size: the agent's message (:meth:`LimitHit.message`) is fixed by the error
+code, the limit and the configuration, so nothing the tool or the agent sent can change
+it. The payload's size goes in the harness-only failure detail
+(:func:`machine.failure_detail.size_limit_detail`).
+"""
 
 from __future__ import annotations
 
+from enum import StrEnum
+from typing import Annotated, Final
+
 import msgspec
 
+from machine.codes import ErrorCode
 from machine.errors import InvalidArgument
 
 
@@ -45,3 +56,80 @@ class Limits(msgspec.Struct, frozen=True, kw_only=True):
 def utf8_size(text: str) -> int:
     """Return the UTF-8 byte size of ``text``; lone surrogates raise UnicodeEncodeError."""
     return len(text.encode("utf-8"))
+
+
+class LimitName(StrEnum):
+    """A size limit a payload can go over: the :class:`Limits` field that holds it."""
+
+    REQUEST = "request_bytes"
+    RAW = "raw_bytes"
+    RESULT = "result_bytes"
+    SCOPE = "scope_bytes"
+    RECORD = "record_bytes"
+
+
+#: The agent's message per limit; ``{size}`` is the limit's configured size.
+LIMIT_MESSAGES: Final[dict[LimitName, str]] = {
+    LimitName.REQUEST: "The tool request is larger than the {size} request limit.",
+    LimitName.RAW: "The raw tool response is larger than the {size} raw response limit.",
+    LimitName.RESULT: "The tool result is larger than the {size} agent result limit.",
+    LimitName.SCOPE: "The scope of the tool result is larger than the {size} scope limit.",
+    LimitName.RECORD: "The tool call's payloads together are larger than the {size} record limit.",
+}
+
+#: What each limit measures, as the harness-only failure detail says it.
+_MEASURED: Final[dict[LimitName, str]] = {
+    LimitName.REQUEST: "the request is",
+    LimitName.RAW: "the raw response is",
+    LimitName.RESULT: "the agent result is",
+    LimitName.SCOPE: "the scope is",
+    LimitName.RECORD: "request, raw response, result and scope together are",
+}
+
+
+def size_text(size: int) -> str:
+    """Return ``size`` bytes as a person writes it: ``16 KiB``, ``1 MiB``, ``1000 B``.
+
+    Only whole units: a size that is no whole number of KiB stays in bytes, so the text
+    always names the configured value exactly.
+    """
+    for unit, factor in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if size >= factor and size % factor == 0:
+            return f"{size // factor} {unit}"
+    return f"{size} B"
+
+
+class LimitHit(msgspec.Struct, frozen=True, kw_only=True):
+    """A payload went over one size limit (the field order is the stored key order).
+
+    Attributes:
+        name: the limit that was hit.
+        limit_bytes: its configured size.
+        actual_bytes: what was measured against it; None when it was not measured (a
+            request text too long even to parse).
+
+    """
+
+    name: LimitName
+    # Constrained, so a stored hit that was tampered with does not decode at all.
+    limit_bytes: Annotated[int, msgspec.Meta(gt=0)]
+    actual_bytes: Annotated[int, msgspec.Meta(ge=0)] | None = None
+
+    @property
+    def code(self) -> ErrorCode:
+        """The error code of this hit: REQUEST_TOO_LARGE before creation, else RESULT_TOO_LARGE."""
+        if self.name is LimitName.REQUEST:
+            return ErrorCode.REQUEST_TOO_LARGE
+        return ErrorCode.RESULT_TOO_LARGE
+
+    def message(self) -> str:
+        """The agent's fixed message: the limit and its configured size, nothing measured."""
+        return LIMIT_MESSAGES[self.name].format(size=size_text(self.limit_bytes))
+
+    def describe(self) -> str:
+        """One line for the harness: what was measured, against which limit."""
+        measured = "" if self.actual_bytes is None else f" {self.actual_bytes} B,"
+        size = f"{self.limit_bytes} B"
+        shown = size_text(self.limit_bytes)
+        limit = size if shown == size else f"{size} ({shown})"
+        return f"{_MEASURED[self.name]}{measured} over the {self.name.value} limit of {limit}"

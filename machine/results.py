@@ -2,6 +2,10 @@
 
 JSON has no NaN or Infinity. An encoder that writes them as ``null`` would store one value
 and hand the agent another, so a result holding a non-finite number is refused instead.
+
+A failed call's agent result, when its tool opted in (a ``ToolSpec``'s ``error_result``),
+is the tool's own error text as a JSON string: scrubbed of secrets and within the agent
+result limit, or not kept at all (:func:`encode_error_text`), never cut.
 """
 
 from __future__ import annotations
@@ -13,6 +17,7 @@ from typing import Any, Final
 import msgspec
 
 from machine.errors import CanonError
+from machine.scrub import Scrub
 
 _encoder: Final = msgspec.json.Encoder()
 #: What every non-finite float becomes in msgspec's JSON: without it, none was there.
@@ -66,3 +71,28 @@ def encode_raw(value: Any) -> bytes:
     if isinstance(value, str):
         return value.encode("utf-8")
     return _encoder.encode(value)
+
+
+def encode_error_text(text: object, scrub: Scrub, limit_bytes: int) -> bytes | None:
+    """Return the stored agent result of a tool's own error text, or None to keep none.
+
+    The text is scrubbed of secrets (``scrub``, the store's scrubber; text that is not
+    valid UTF-8, lone surrogates, is escaped first) and encoded as a JSON string. None,
+    and the agent is shown the code's fixed message instead, when ``text`` is not a
+    ``str``, is empty or only white space, the scrubber raises or returns no ``str``, or
+    the encoded text is over ``limit_bytes``: a text that does not fit is never cut, as a
+    cut text could say something the tool never said.
+    """
+    if not isinstance(text, str) or not text.strip():
+        return None
+    try:
+        scrubbed = scrub(text.encode("utf-8", "backslashreplace").decode("utf-8"))
+    except Exception:  # the scrubber may be the harness's code: fall back, keep nothing
+        return None
+    if not isinstance(scrubbed, str):
+        return None
+    try:
+        encoded = _encoder.encode(scrubbed)
+    except UnicodeEncodeError:  # a scrubber that put a lone surrogate back
+        return None
+    return encoded if len(encoded) <= limit_bytes else None

@@ -35,6 +35,7 @@ from canon.exitcodes import RET_OK
 from canon.logs import configure_logging
 from canon.operator import add_console_args
 from eventstore.audit import replay_invocation
+from eventstore.runs import RunInfo
 from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import Store
 from machine.ids import invocation_id
@@ -46,7 +47,8 @@ from projections.worker.runtime import Worker
 REFUSALS_NOTE = (
     "READY and ERROR count every answer the agent got. Refusals (a duplicate call id, "
     "a call naming another run, a spent budget, a tool that is not read-only) are "
-    "answers, not invocations: they use no budget and leave no record."
+    "answers, not invocations: they use no budget and leave no invocation record; the "
+    "run's refusal log keeps them (refused)."
 )
 FACTS_NOTE = (
     "facts: what the run's READY calls established, as the agent may cite them (one per "
@@ -75,16 +77,25 @@ def configure_demo_logging() -> None:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=stream))
 
 
-def _runs_table(store_runs: list[tuple[DemoRun, int]]) -> Table:
+def _runs_table(store_runs: list[tuple[DemoRun, RunInfo | None]]) -> Table:
     table = Table(title="Runs", caption=REFUSALS_NOTE, caption_justify="left")
-    for column in ("run", "budget", "used", "READY", "ERROR"):
+    for column in ("run", "budget", "used", "READY", "ERROR", "refused"):
         table.add_column(
             column, justify="left" if column == "run" else "right", no_wrap=column == "run"
         )
-    for demo_run, used in store_runs:
+    for demo_run, info in store_runs:
         ready = sum(n for label, n in demo_run.outcomes.items() if label.startswith("READY"))
         errors = sum(n for label, n in demo_run.outcomes.items() if label.startswith("ERROR"))
-        table.add_row(demo_run.run_id, str(demo_run.budget), str(used), str(ready), str(errors))
+        used = info.used_total if info else 0
+        refused = sum(info.refused.values()) if info else 0
+        table.add_row(
+            demo_run.run_id,
+            str(demo_run.budget),
+            str(used),
+            str(ready),
+            str(errors),
+            str(refused),
+        )
     return table
 
 
@@ -197,11 +208,8 @@ async def run_demo(
         )
         await _settle(workers, tasks)
 
-        used = []
-        for demo_run in runs:
-            info = await store.run_info(demo_run.run_id)
-            used.append((demo_run, info.used_total if info else 0))
-        console.print(_runs_table(used))
+        infos = [(demo_run, await store.run_info(demo_run.run_id)) for demo_run in runs]
+        console.print(_runs_table(infos))
         console.print(_outcomes_table(runs))
         console.print(await _views_table(store, runs))
         await _show_receipts(console, store, runs[0])
@@ -211,6 +219,8 @@ async def run_demo(
             print_replay(console, replay)
         where.run_id = runs[0].run_id
         where.failed_call = runs[0].first_call_with("ERROR/EXECUTION_FAILED")
+        # The last run's budget is the one that binds (see drive).
+        where.budget_run = runs[-1].run_id
         where.runs = [demo_run.run_id for demo_run in runs]
         if then is not None:
             await then(store, where)

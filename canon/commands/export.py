@@ -18,6 +18,7 @@ import msgspec
 
 from canon.commands.readonly import (
     bad_ids,
+    elsewhere,
     fail,
     read_only_command,
     run_read_only,
@@ -43,7 +44,11 @@ def _handle(args: argparse.Namespace) -> int:
                 found = found or line.get("present") is True or line["kind"] == "record"
                 sink.write(encoder.encode(line).decode() + "\n")
         if not found:
-            fail("no run or invocation found with that id (absent or expired)")
+            hint = await elsewhere(store, args.run_id)
+            fail(
+                f"no run or invocation found for run {args.run_id} in namespace "
+                f"{store.keys.namespace} (absent or expired){hint}"
+            )
             return RET_PROBLEM
         return RET_OK
 

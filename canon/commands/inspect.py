@@ -19,6 +19,7 @@ from typing import Final
 import msgspec
 
 from canon.commands.readonly import (
+    elsewhere,
     fail,
     read_only_command,
     run_read_only,
@@ -26,7 +27,7 @@ from canon.commands.readonly import (
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.store import Store
 from machine.failure_detail import decode_failure_detail
-from machine.ids import is_invocation_id
+from machine.ids import is_invocation_id, is_run_id
 from projections.receipts.builder import encode_receipt
 from projections.receipts.inspection import (
     CapabilityChanged,
@@ -83,7 +84,14 @@ def _handle(args: argparse.Namespace) -> int:
         try:
             receipt = await inspect_invocation(store, run_id, args.invocation_id)
         except InvocationNotFound:
-            fail("invocation_not_found: no invocation with this id is visible to this run")
+            hint = ""
+            # Only an operator's run id is looked for elsewhere: a token names its own run.
+            if args.run_id is not None and is_run_id(run_id) and not await store.run_info(run_id):
+                hint = await elsewhere(store, run_id)
+            fail(
+                "invocation_not_found: no invocation with this id is visible to this run "
+                f"in namespace {store.keys.namespace}{hint}"
+            )
             return RET_PROBLEM
         except CapabilityChanged:
             fail("capability_changed: the invocation's tool is no longer authorized")

@@ -8,6 +8,8 @@ MCP on stdio (standard output carries nothing but the protocol; logs go to stand
 error), or with ``--http`` over streamable HTTP on ``--host``/``--port`` until SIGTERM or
 SIGINT. Hosts name their calls with the ``_meta`` keys ``io.canon/tool_call_id`` and
 ``io.canon/run_id``; see docs/integrations.md for the fallback ids of hosts that don't.
+An upstream ``isError`` result reaches the host as the safe error, or, with
+``--forward-tool-errors``, as the upstream's own text (scrubbed, bounded, recorded).
 """
 
 from __future__ import annotations
@@ -64,6 +66,12 @@ def register(subparsers: Any) -> None:
         default="replay",
         help="a re-sent tool call id gets the recorded answer, or DUPLICATE_TOOL_CALL (replay)",
     )
+    parser.add_argument(
+        "--forward-tool-errors",
+        action="store_true",
+        help="show the host the upstream's own isError text (scrubbed, bounded, recorded) "
+        "so its model can correct the call, instead of the safe error",
+    )
     add_logging_args(parser)
     parser.add_argument(
         "upstream",
@@ -100,6 +108,7 @@ async def _proxy(args: argparse.Namespace, store: Store) -> AsyncIterator[Any]:
                 ),
                 on_duplicate=args.on_duplicate,
                 timeout_s=args.tool_timeout_s,
+                forward_tool_errors=args.forward_tool_errors,
             )
         )
         yield server

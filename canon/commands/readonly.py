@@ -6,7 +6,8 @@ standard error for a bad one; :func:`run_read_only` opens the store without writ
 byte, and connection failures become one line on standard error in ``canon.cli``
 (:mod:`canon.failures`): exit code 2 for bad settings, 3 for a server that cannot be
 reached. :func:`print_json` writes one JSON document a line; :func:`refuse_cluster` says
-that a command that scans one server was pointed at a cluster.
+that a command that scans one server was pointed at a cluster. :func:`elsewhere` ends a
+"nothing found" line with the other namespaces that hold runs (or the run asked for).
 """
 
 from __future__ import annotations
@@ -23,18 +24,25 @@ from rich.console import Console
 from canon.connection import add_connection_args, configured_url
 from canon.failures import CommandError, fail
 from eventstore.audit import open_read_only
+from eventstore.audit.namespaces import OtherNamespaces, other_namespaces
+from eventstore.errors import CanonError
 from eventstore.store import Store
 from machine.ids import is_run_id, is_tool_call_id
 
 __all__ = [
     "bad_ids",
+    "elsewhere",
     "fail",
     "print_json",
     "read_only_command",
     "refuse_cluster",
     "run_read_only",
     "stdout_console",
+    "where_else",
 ]
+
+#: Namespaces named in a hint before the rest are only counted.
+NAMES_SHOWN: Final = 5
 
 #: What a run id on the command line must be (:func:`machine.ids.is_run_id`).
 RUN_ID_RULE: Final = (
@@ -86,6 +94,56 @@ def refuse_cluster(store: Store, command: str) -> bool:
         "--cluster (with --shards)"
     )
     return True
+
+
+def _listed(names: tuple[str, ...]) -> str:
+    shown = ", ".join(names[:NAMES_SHOWN])
+    more = len(names) - NAMES_SHOWN
+    return f"{shown} and {more} more" if more > 0 else shown
+
+
+def _pointed(what: str, names: tuple[str, ...]) -> str:
+    """``what`` is in the namespace(s) ``names``, and the flag that goes there."""
+    if len(names) == 1:
+        return f"{what} in namespace {names[0]}: add --namespace {names[0]}"
+    return f"{what} in namespaces {_listed(names)}: add --namespace with one of them"
+
+
+def where_else(found: OtherNamespaces, run_id: str | None = None) -> str:
+    """The clause that ends a "nothing found" line: ``"; ..."``, or ``""`` to add nothing.
+
+    The run's own namespaces first (``run R is in namespace demo: add --namespace demo``),
+    else the namespaces that hold runs; and, when the bounded search stopped early, that
+    it did.
+    """
+    if run_id is not None and found.holding_run:
+        clause = _pointed(f"run {run_id} is", found.holding_run)
+    elif run_id is not None and found.with_runs:
+        clause = f"run {run_id} is in no other namespace either (runs exist in "
+        clause += f"namespace{'s' if len(found.with_runs) > 1 else ''} {_listed(found.with_runs)})"
+    elif found.with_runs:
+        clause = _pointed("runs exist", found.with_runs)
+    elif not found.complete:
+        return f"; no other namespace with runs among the first {found.keys_bound} keys searched"
+    else:
+        return ""
+    if not found.complete:
+        clause += f" (searched the first {found.keys_bound} keys only)"
+    return f"; {clause}"
+
+
+async def elsewhere(store: Store, run_id: str | None = None) -> str:
+    """Return :func:`where_else`'s clause after a search of the other namespaces.
+
+    The search is bounded (see :mod:`eventstore.audit.namespaces`); ``""`` when it cannot
+    run at all.
+    """
+    try:
+        found = await other_namespaces(store, run_id)
+    except CanonError:
+        # A user that may not SCAN, or a server gone meanwhile: the line stays as it was.
+        return ""
+    return where_else(found, run_id)
 
 
 def stdout_console() -> Console:

@@ -17,6 +17,7 @@ from rich.table import Table
 
 from canon.commands.readonly import (
     bad_ids,
+    elsewhere,
     fail,
     print_json,
     read_only_command,
@@ -51,9 +52,9 @@ class _Step(NamedTuple):
     detail: str
     at: str
     delta: str
-    payload_field: str
-    payload_size: str
-    payload_sha: str
+    #: (field, size, short digest) of each payload the event names; ("rejected", size,
+    #: "") for a refused one.
+    payloads: tuple[tuple[str, str, str], ...]
     hash_: str
     after: tuple[str, ...]
 
@@ -62,9 +63,15 @@ def _steps(replay: InvocationReplay) -> list[_Step]:
     first = next((step.at_ms for step in replay.timeline if step.at_ms is not None), None)
     rows = []
     for step in replay.timeline:
-        field, size = "", ""
+        payloads: list[tuple[str, str, str]] = []
         if step.payload_bytes is not None:
-            field, size = step.payload_field or "rejected", f"{step.payload_bytes} B"
+            field = step.payload_field or "rejected"
+            payloads.append((field, f"{step.payload_bytes} B", _short(step.payload_sha256)))
+        # A Failed event that kept both its detail and the agent result: one line each.
+        payloads += [
+            (more.payload_field, f"{more.payload_bytes} B", _short(more.payload_sha256))
+            for more in step.more_payloads
+        ]
         detail = []
         if step.stored_schema is not None and step.stored_schema != SCHEMA_VERSION:
             detail.append(f"(schema {step.stored_schema}, upcast)")
@@ -89,9 +96,7 @@ def _steps(replay: InvocationReplay) -> list[_Step]:
                 " ".join(detail),
                 _when(step.at_ms),
                 delta,
-                field,
-                size,
-                _short(step.payload_sha256),
+                tuple(payloads),
                 hash_,
                 after,
             )
@@ -110,8 +115,8 @@ def _timeline(replay: InvocationReplay) -> Table:
             f"{step.event} {step.detail}".rstrip(),
             step.at,
             step.delta,
-            f"{step.payload_field} {step.payload_size}".strip(),
-            step.payload_sha,
+            "\n".join(f"{field} {size}" for field, size, _ in step.payloads),
+            "\n".join(sha for _, _, sha in step.payloads),
             step.hash_,
             " · ".join(step.after),
         )
@@ -140,8 +145,8 @@ def _narrow_timeline(replay: InvocationReplay) -> Table:
             step.version,
             "\n".join(part for part in (step.event, step.detail) if part),
             step.delta,
-            "\n".join(part for part in (step.payload_field, step.payload_size) if part),
-            "\n".join(part for part in (step.payload_sha, step.hash_) if part),
+            "\n".join(part for payload in step.payloads for part in payload[:2]),
+            "\n".join(part for part in (*(sha for _, _, sha in step.payloads), step.hash_) if part),
             "\n".join(step.after),
         )
     return table
@@ -314,7 +319,12 @@ def _handle(args: argparse.Namespace) -> int:
             if refused:
                 print_refusals(console, refusals, refused)
         if not replays:
-            fail("no invocation found for that run (absent or expired)")
+            namespace = store.keys.namespace
+            # A run this namespace knows was looked for in the right place.
+            hint = "" if await store.run_info(args.run_id) else await elsewhere(store, args.run_id)
+            # The call id is not repeated: it may hold characters a terminal acts on.
+            what = "no such invocation" if args.tool_call_id else "no invocation found"
+            fail(f"{what} for run {args.run_id} in namespace {namespace} (absent or expired){hint}")
         return RET_OK if intact else RET_PROBLEM
 
     return run_read_only(args, work)

@@ -15,6 +15,7 @@ from rich.table import Table
 
 from canon.argtypes import bounded
 from canon.commands.readonly import (
+    elsewhere,
     print_json,
     read_only_command,
     run_read_only,
@@ -37,10 +38,17 @@ def _cursor(text: str) -> str:
     return text
 
 
-def print_runs(console: Console, page: RunPage, namespace: str) -> None:
-    """Print one page of runs as a table, and how to get the next one."""
+def print_runs(console: Console, page: RunPage, namespace: str, hint: str = "") -> None:
+    """Print one page of runs as a table, and how to get the next one.
+
+    ``hint`` ends the line of an empty page (see :func:`canon.commands.readonly.elsewhere`).
+    """
     if not page.runs:
-        console.print(f"no runs in namespace {namespace} (none opened, or all expired)")
+        console.print(
+            f"no runs in namespace {namespace} (none opened, or all expired){hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
         return
     table = Table(
         title=f"runs of namespace {namespace}, newest first",
@@ -79,7 +87,10 @@ def _handle(args: argparse.Namespace) -> int:
         if args.json:
             print_json(page)
         else:
-            print_runs(stdout_console(), page, store.keys.namespace)
+            # Only a first page can be empty for want of runs; a later one is just the end.
+            empty = not page.runs and args.cursor is None
+            hint = await elsewhere(store) if empty else ""
+            print_runs(stdout_console(), page, store.keys.namespace, hint)
         return RET_OK
 
     return run_read_only(args, work)

@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 
 from canon.commands.readonly import (
+    elsewhere,
     print_json,
     read_only_command,
     refuse_cluster,
@@ -78,7 +79,15 @@ def _handle(args: argparse.Namespace) -> int:
         if args.json:
             print_json(status)
         else:
-            print_status(stdout_console(), status)
+            console = stdout_console()
+            print_status(console, status)
+            hint = await elsewhere(store) if status.records == 0 else ""
+            if hint:
+                console.print(
+                    f"no records in namespace {status.namespace}{hint}",
+                    highlight=False,
+                    soft_wrap=True,
+                )
         return RET_PROBLEM if status.warnings and args.strict else RET_OK
 
     return run_read_only(args, work)

@@ -21,6 +21,7 @@ from rich.table import Table
 
 from canon.argtypes import positive, scan_cursor
 from canon.commands.readonly import (
+    elsewhere,
     print_json,
     read_only_command,
     refuse_cluster,
@@ -49,7 +50,10 @@ def exit_code(summary: VerifySummary, cursor: int) -> int:
     return RET_OK
 
 
-def _print_summary(console: Console, summary: VerifySummary, cursor: int, namespace: str) -> None:
+def _print_summary(
+    console: Console, summary: VerifySummary, cursor: int, namespace: str, hint: str = ""
+) -> None:
+    """Print the counts and the verdict; ``hint`` ends the line of an empty namespace."""
     table = Table(title="invocations by status", title_justify="left")
     table.add_column("status")
     table.add_column("count", justify="right")
@@ -70,7 +74,11 @@ def _print_summary(console: Console, summary: VerifySummary, cursor: int, namesp
             f"{cursor} (past the end, or not a cursor an earlier canon verify printed)"
         )
     elif summary.invocations == 0:
-        console.print(f"nothing to check: namespace {namespace} holds no invocation records")
+        console.print(
+            f"nothing to check: namespace {namespace} holds no invocation records{hint}",
+            highlight=False,
+            soft_wrap=True,
+        )
     elif cursor != 0:
         console.print(
             f"[green]no problem[/green] from cursor {cursor} to the end (the keys before it "
@@ -140,7 +148,9 @@ def _handle(args: argparse.Namespace) -> int:
             line = {"kind": "summary", **msgspec.structs.asdict(summary)}
             print_json(line)
         else:
-            _print_summary(console, summary, args.cursor, store.keys.namespace)
+            empty = summary.complete and summary.invocations == 0 and args.cursor == 0
+            hint = await elsewhere(store) if empty else ""
+            _print_summary(console, summary, args.cursor, store.keys.namespace, hint)
         return exit_code(summary, args.cursor)
 
     try:

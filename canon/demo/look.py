@@ -1,8 +1,10 @@
 """The demo's last block: where it wrote, and the exact commands that show it.
 
 An operator starts where the demo ends: the namespace, the server, and the commands
-(``canon replay``, ``export``, ``status``, ``verify``) with the right ``--redis-url`` and
-``--namespace``, ready to paste. A password in the URL is never printed.
+(``canon replay``, ``runs``, ``export``, ``status``, ``verify``) with the right
+``--redis-url`` and ``--namespace``, ready to paste: a run's calls, the call whose tool
+failed, and the run whose budget ran out with the calls it refused. A password in the URL
+is never printed.
 """
 
 from __future__ import annotations
@@ -31,6 +33,8 @@ class Where:
     kept_running: bool = False
     run_id: str = ""
     failed_call: str | None = None
+    #: The run whose budget ran out: its refusals are on record.
+    budget_run: str | None = None
     runs: list[str] = field(default_factory=list)
 
 
@@ -64,8 +68,15 @@ def look_commands(where: Where) -> list[tuple[str, str]]:
                 "the call whose tool failed (EXECUTION_FAILED)",
             )
         )
+    if where.budget_run and where.budget_run != where.run_id:
+        commands.append(
+            (
+                f"canon replay {shlex.quote(where.budget_run)} {target}",
+                "the run whose budget ran out: its calls, then the calls it refused",
+            )
+        )
     commands += [
-        (f"canon runs {target}", "recent runs: status, calls by outcome, budget"),
+        (f"canon runs {target}", "recent runs: status, calls by outcome, refusals, budget"),
         (f"canon export {run} {target}", "the run's records and events as JSON Lines"),
         (f"canon status {target}", "records, projections, dead letters, memory"),
         (f"canon verify {target}", "check every record against its journal"),

@@ -13,7 +13,10 @@ tells the host which ids the call was recorded under (and its ``io.canon/invocat
 :func:`build_server` gives an MCP server (the SDK's low-level ``Server``) whose tools are
 ``ToolSpec``s (or the listing of another MCP server: see ``canon mcp-proxy``), and
 :func:`serve_tools` runs one on stdio. Errors are ``isError: true`` results whose text is
-the safe error JSON; a call without ``arguments`` is a call with ``{}``.
+the safe error JSON, except the tool's own error text of a ``ToolSpec`` with an
+``error_result`` (scrubbed and bounded by the boundary), which is the result's text as it
+is, as MCP servers answer their tools' errors; a call without ``arguments`` is a call
+with ``{}``.
 """
 
 from __future__ import annotations
@@ -27,8 +30,15 @@ from typing import Any, Final, cast
 
 import msgspec
 
-from canon.integrations._shared import ANY_OBJECT, is_error, reply_content, require, tool_schema
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolResult, ToolSpec
+from canon.integrations._shared import ANY_OBJECT, reply_content, require, tool_schema
+from eventstore.boundary.contracts import (
+    AgentReply,
+    RunContext,
+    ToolEnvelope,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import CanonError, RunExists
 from eventstore.store import Store
@@ -265,9 +275,11 @@ def _answer(reply: AgentReply, run_id: str, result_of: ResultOf) -> types.CallTo
         meta[TOOL_CALL_ID_KEY] = reply.tool_call_id
     if reply.invocation_id is not None:
         meta[INVOCATION_ID_KEY] = reply.invocation_id
-    if is_error(reply) or not isinstance(reply, ToolResult):
+    if isinstance(reply, ToolError):
+        # The tool's own text as it is (what the model can correct); canon's safe JSON else.
+        text = reply.message if reply.from_tool else reply_content(reply)
         result = types.CallToolResult(
-            content=[types.TextContent(type="text", text=reply_content(reply))], is_error=True
+            content=[types.TextContent(type="text", text=text)], is_error=True
         )
     else:
         result = result_of(reply)

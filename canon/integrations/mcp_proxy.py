@@ -7,8 +7,13 @@ the executor calls the upstream's ``tools/call`` and its raw response, stored in
 record, is the upstream's ``CallToolResult`` as JSON; the projector's bounded result is
 what the host sees, the upstream's ``content`` (and ``structuredContent``) within the
 store's limits, with evidence found when the upstream returned any. An upstream
-``isError: true`` result fails the invocation (EXECUTION_FAILED): the host sees the safe
-error, never the upstream's error text (which only the raised exception carries).
+``isError: true`` result fails the invocation (EXECUTION_FAILED): by default the host sees
+the safe error, never the upstream's error text (which only the raised exception, and so
+the harness-only failure detail, carries). With ``forward_tool_errors`` (``canon
+mcp-proxy --forward-tool-errors``) the host sees the upstream's error text instead, so
+that its model can correct the call: the text of the result's ``text`` blocks, one per
+line, scrubbed of secrets and within the agent result limit (else the safe error), as
+one ``isError: true`` text block, recorded as the failed record's agent result.
 :func:`connect_upstream` starts the upstream (a command on stdio) or reaches it (a
 streamable-HTTP URL). ``canon mcp-proxy`` is the command line around both.
 """
@@ -46,7 +51,27 @@ _DETAIL_CHARS = 2000
 
 
 class UpstreamToolError(CanonError):
-    """Raised when the upstream server answers a call with ``isError: true``."""
+    """Raised when the upstream server answers a call with ``isError: true``.
+
+    Attributes:
+        text: the result's ``text`` blocks, one per line, whole (the message keeps at most
+            2,000 characters of it, for the failure detail).
+
+    """
+
+    def __init__(self, text: str) -> None:
+        super().__init__(text[:_DETAIL_CHARS])
+        self.text = text
+
+
+def upstream_error_text(error: Exception) -> str:
+    """The agent-facing text of an upstream's ``isError`` result (a ``ToolSpec.error_result``).
+
+    Only the upstream's own tool errors are forwarded: any other failure of the call (the
+    connection, a JSON-RPC error, the time limit) gives ``""``, which leaves the host the
+    safe error.
+    """
+    return error.text if isinstance(error, UpstreamToolError) else ""
 
 
 def upstream_environment() -> dict[str, str]:
@@ -98,9 +123,17 @@ async def list_upstream_tools(session: ClientSession) -> list[types.Tool]:
 
 
 def upstream_specs(
-    session: ClientSession, tools: Sequence[types.Tool], *, timeout_s: float | None = None
+    session: ClientSession,
+    tools: Sequence[types.Tool],
+    *,
+    timeout_s: float | None = None,
+    forward_tool_errors: bool = False,
 ) -> dict[str, ToolSpec]:
-    """One ToolSpec per upstream tool, its executor calling the upstream."""
+    """One ToolSpec per upstream tool, its executor calling the upstream.
+
+    With ``forward_tool_errors``, an upstream ``isError`` result's text is what the host
+    is shown (:func:`upstream_error_text`).
+    """
     return {
         tool.name: ToolSpec(
             executor=_Upstream(session, tool.name),
@@ -108,6 +141,7 @@ def upstream_specs(
             timeout_s=timeout_s,
             description=tool.description or "",
             input_schema=tool.input_schema,
+            error_result=upstream_error_text if forward_tool_errors else None,
         )
         for tool in tools
     }
@@ -144,6 +178,7 @@ async def proxy_server(
     on_duplicate: OnDuplicate = "replay",
     timeout_s: float | None = None,
     name: str = "canon-mcp-proxy",
+    forward_tool_errors: bool = False,
 ) -> AsyncIterator[Server[dict[str, Any]]]:
     """An MCP server in front of ``session``'s server, recording every call in ``store``.
 
@@ -151,12 +186,14 @@ async def proxy_server(
     for instance by the harness that holds its receipt token, is used as it is).
     ``on_duplicate`` defaults to ``"replay"``: a host that re-sends a call with the same
     ``io.canon/tool_call_id`` gets the recorded answer and the upstream is not called
-    again.
+    again. ``forward_tool_errors``: the host sees an upstream ``isError`` result's text
+    (scrubbed, bounded, recorded) instead of the safe error; see the module docstring.
     """
     tools = await list_upstream_tools(session)
-    boundary = ToolBoundary(
-        store, upstream_specs(session, tools, timeout_s=timeout_s), on_duplicate=on_duplicate
+    specs = upstream_specs(
+        session, tools, timeout_s=timeout_s, forward_tool_errors=forward_tool_errors
     )
+    boundary = ToolBoundary(store, specs, on_duplicate=on_duplicate)
     try:
         yield build_server(
             boundary,
@@ -180,8 +217,9 @@ class _Upstream:
     async def __call__(self, arguments: Mapping[str, Any], call: ToolCall) -> Any:
         result = await self._session.call_tool(self._tool, dict(arguments))
         if result.is_error:
-            text = " ".join(
-                block.text for block in result.content if isinstance(block, types.TextContent)
+            raise UpstreamToolError(
+                "\n".join(
+                    block.text for block in result.content if isinstance(block, types.TextContent)
+                )
             )
-            raise UpstreamToolError(text[:_DETAIL_CHARS])
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)

@@ -4,7 +4,9 @@
 only the key space shows; ``timeline`` folds a journal step by step; ``replay``,
 ``verify``, ``export`` and ``status`` are the tools behind ``canon replay|verify|export|
 status``; ``readonly`` opens a store for them without writing a byte and reads one
-invocation consistently. Nothing in this package writes to Redis or touches an expiry.
+invocation consistently; ``namespaces`` finds the other namespaces that hold runs when a
+command found nothing in its own. Nothing in this package writes to Redis or touches an
+expiry.
 """
 
 from eventstore.audit.export import export_run

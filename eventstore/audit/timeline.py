@@ -11,7 +11,7 @@ from msgspec import UNSET
 
 from eventstore.reader import StoredEvent
 from machine.codes import EvidenceStatus, Stage, Status
-from machine.events import GENESIS_HASH, PAYLOAD_OF, Event, event_type, stored_document
+from machine.events import GENESIS_HASH, PAYLOADS_OF, Event, event_type, stored_document
 from machine.fold import FoldError, InvocationState, fold
 
 
@@ -21,6 +21,14 @@ class StepState(msgspec.Struct, frozen=True, kw_only=True):
     stage: Stage
     status: Status
     evidence_status: EvidenceStatus
+
+
+class TimelinePayload(msgspec.Struct, frozen=True):
+    """One payload an event names: its record field, UTF-8 size and SHA-256."""
+
+    payload_field: str
+    payload_bytes: int
+    payload_sha256: str
 
 
 class TimelineStep(msgspec.Struct, frozen=True, kw_only=True):
@@ -36,12 +44,15 @@ class TimelineStep(msgspec.Struct, frozen=True, kw_only=True):
         event_hash: SHA-256 of the stored bytes; ``stored_hash`` is the one written beside
             (entries before schema 2), else the same hash.
         payload_field: the record field this event's payload lives in, if any (a
-            Failed event's is the failure detail, when one was kept).
+            Failed event's is the failure detail when one was kept, else the agent
+            result when the agent was shown the tool's own error text).
         payload_bytes: the payload's (or a rejected payload's) UTF-8 size.
         payload_sha256: the payload digest the event carries.
         detail: the error code or evidence status the event sets, if any.
         state: the state after this event, None when it could not be folded.
         fold_error: why the fold refused this event, if it did.
+        more_payloads: the payloads the event names besides the first (a Failed event
+            that kept both: the agent result).
 
     """
 
@@ -59,22 +70,41 @@ class TimelineStep(msgspec.Struct, frozen=True, kw_only=True):
     detail: str | None = None
     state: StepState | None = None
     fold_error: str | None = None
+    more_payloads: tuple[TimelinePayload, ...] = ()
 
 
-def _payload(event: Event | None) -> tuple[str | None, int | None, str | None, str | None]:
-    """The payload field, size and digest the event declares, and the code it sets."""
+def _payloads(event: Event) -> list[TimelinePayload]:
+    """The payloads the event names, in declaration order (a Failed event's are optional)."""
+    named = []
+    for fields in PAYLOADS_OF[event_type(event)]:
+        if fields.payload is None or fields.size is None or fields.digest is None:
+            continue
+        size, digest = getattr(event, fields.size), getattr(event, fields.digest)
+        if size is not None and size is not UNSET:
+            named.append(TimelinePayload(fields.payload, size, digest))
+    return named
+
+
+def _payload(
+    event: Event | None,
+) -> tuple[str | None, int | None, str | None, str | None, tuple[TimelinePayload, ...]]:
+    """The first payload's field, size and digest, the code the event sets, and the rest."""
     if event is None:
-        return None, None, None, None
-    fields = PAYLOAD_OF[event_type(event)]
-    payload = fields.payload
-    size = getattr(event, fields.size) if fields.size else None
-    digest = getattr(event, fields.digest) if fields.digest else None
-    if size is None or size is UNSET:
-        # A Failed without a failure detail: at most the size of what it refused.
-        payload, digest = None, None
-        size = getattr(event, fields.rejected) if fields.rejected else None
+        return None, None, None, None, ()
     detail = getattr(event, "evidence_status", None) or getattr(event, "error_code", None)
-    return payload, size, digest, detail
+    named = _payloads(event)
+    if not named:
+        # A Failed that kept no payload: at most the size of what it refused.
+        rejected = PAYLOADS_OF[event_type(event)][0].rejected
+        return None, getattr(event, rejected) if rejected else None, None, detail, ()
+    first = named[0]
+    return (
+        first.payload_field,
+        first.payload_bytes,
+        first.payload_sha256,
+        detail,
+        tuple(named[1:]),
+    )
 
 
 def _stored_schema(data: bytes) -> int | None:
@@ -128,7 +158,7 @@ def replay_timeline(
                 after = StepState(
                     stage=state.stage, status=state.status, evidence_status=state.evidence_status
                 )
-        field, size, digest, detail = _payload(event)
+        field, size, digest, detail, more = _payload(event)
         steps.append(
             TimelineStep(
                 entry_id=stored.entry_id,
@@ -145,6 +175,7 @@ def replay_timeline(
                 detail=detail,
                 state=after,
                 fold_error=", ".join(errors) or None,
+                more_payloads=more,
             )
         )
     return steps, state

@@ -12,6 +12,7 @@ from its record) and :mod:`.tracing` (OpenTelemetry spans).
 
 from eventstore.boundary.contracts import (
     AgentReply,
+    ErrorResult,
     Executor,
     Projection,
     Projector,
@@ -27,6 +28,7 @@ from eventstore.boundary.tool_boundary import ToolBoundary
 
 __all__ = [
     "AgentReply",
+    "ErrorResult",
     "Executor",
     "Projection",
     "Projector",

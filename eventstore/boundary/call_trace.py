@@ -16,6 +16,7 @@ from eventstore.logs import get_logger
 from eventstore.writer import Head
 from machine.codes import ErrorCode
 from machine.ids import invocation_id, is_run_id, is_tool_call_id
+from machine.limits import LimitHit
 
 log = get_logger("canon.boundary")
 
@@ -68,7 +69,7 @@ class CallTrace:
         self.refused = False
         self.replayed = False
 
-    def refuse(self, code: ErrorCode, stage: str) -> ToolError:
+    def refuse(self, code: ErrorCode, stage: str, limit: LimitHit | None = None) -> ToolError:
         """Log a refusal at ``stage`` (nothing was written, so no version) and return it.
 
         A refused call has no invocation: from here on its lines name the run, the call
@@ -83,14 +84,28 @@ class CallTrace:
             stage=stage,
             error_code=code.value,
         )
-        return self.error(code, recorded=False)
+        return self.error(code, recorded=False, limit=limit)
 
-    def error(self, code: ErrorCode, *, recorded: bool) -> ToolError:
-        """The reply for ``code``; ``recorded``: this call's record holds the outcome."""
+    def error(
+        self,
+        code: ErrorCode,
+        *,
+        recorded: bool,
+        limit: LimitHit | None = None,
+        message: str | None = None,
+    ) -> ToolError:
+        """The reply for ``code``; ``recorded``: this call's record holds the outcome.
+
+        ``limit``: the size limit that was hit, which the message then names.
+        ``message``: the tool's own error text its record keeps as the agent result,
+        shown instead of the code's fixed message (None: the fixed message).
+        """
         return ToolError.of(
             code,
             tool_call_id=self.ids["tool_call_id"],
             invocation_id=self.invocation_id if recorded else None,
+            limit=limit,
+            message=message,
         )
 
     def interrupted(self, closed: Head | None, error_type: str | None) -> None:

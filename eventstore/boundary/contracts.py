@@ -1,7 +1,8 @@
 """The harness-facing types: run context, envelope, tool spec, projection and replies.
 
-Executors and projectors are plug-ins; their contracts are the Protocols here. Either may
-be a plain or an async callable.
+Executors, projectors and error texts are plug-ins; their contracts are the Protocols
+here. An executor or a projector may be a plain or an async callable; an error text
+(:class:`ErrorResult`) is a plain one.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any, Literal, Protocol
 import msgspec
 
 from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus
+from machine.limits import LimitHit
 
 
 class RunContext(msgspec.Struct, frozen=True):
@@ -75,6 +77,19 @@ class Projector(Protocol):
         """Project the raw response."""
 
 
+class ErrorResult(Protocol):
+    """Turns the exception a tool's executor raised into the text its agent is shown.
+
+    A plain callable (``str`` will do). What it returns is scrubbed of secrets by the
+    store's scrubber and must fit the agent result limit; a callable that raises, or
+    returns anything but a non-empty ``str``, or a text over the limit, leaves the agent
+    the code's fixed message.
+    """
+
+    def __call__(self, error: Exception, /) -> str:
+        """Return the agent-facing text of ``error``."""
+
+
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A tool the boundary may run.
 
@@ -94,6 +109,14 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
         input_schema: the JSON Schema of the tool's arguments, for those same stacks;
             descriptive only: the boundary checks that the input is a JSON object
             within the limits, never the schema.
+        error_result: opt in to errors the model can correct: when the executor raises
+            an ``Exception``, the call still ends ERROR with EXECUTION_FAILED, but the
+            agent is shown this callable's text of the exception (scrubbed of secrets,
+            within the agent result limit; see :class:`ErrorResult`) instead of the
+            code's fixed message, and the record keeps that text as its agent result.
+            None (default): the fixed message. Never applied to the tool's time limit,
+            its own ``CancelledError``, a projector's failure or a size error (whose
+            message names the limit that was hit).
 
     """
 
@@ -106,6 +129,7 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     projector_in_thread: bool = False
     description: str = ""
     input_schema: Mapping[str, Any] | None = None
+    error_result: ErrorResult | None = None
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):
@@ -129,11 +153,16 @@ class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_fie
 
 
 class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_field="status"):
-    """A failed reply: a stable code, its fixed message and the call's ids, nothing else.
+    """A failed reply: a stable code, its message and the call's ids, nothing else.
 
     Attributes:
         error_code: the stable code.
-        message: the code's fixed message.
+        message: the code's fixed message; for a payload refused for its size, the
+            message naming the limit that was hit and its configured size
+            (:meth:`machine.limits.LimitHit.message`), never the payload's own size;
+            for EXECUTION_FAILED of a tool whose ``ToolSpec`` has an ``error_result``,
+            the tool's own error text, scrubbed and bounded, exactly as its record keeps
+            it (:attr:`from_tool`).
         tool_call_id: the framework's id of the call this answers; None when that id was
             refused (an unsafe id is never echoed).
         invocation_id: the canonical record's public id when a record holds this outcome,
@@ -146,6 +175,17 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_fiel
     tool_call_id: str | None = None
     invocation_id: str | None = None
 
+    @property
+    def from_tool(self) -> bool:
+        """Whether :attr:`message` is the tool's own error text, not the code's fixed one.
+
+        Only EXECUTION_FAILED carries a tool's text: a size error's message naming its
+        limit is not one. A tool's text identical to the fixed message reads as the fixed
+        message.
+        """
+        code = self.error_code
+        return code is ErrorCode.EXECUTION_FAILED and self.message != SAFE_MESSAGES[code]
+
     @classmethod
     def of(
         cls,
@@ -153,11 +193,24 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_fiel
         *,
         tool_call_id: str | None = None,
         invocation_id: str | None = None,
+        limit: LimitHit | None = None,
+        message: str | None = None,
     ) -> ToolError:
-        """Build the reply for ``code`` with its fixed message."""
+        """Build the reply for ``code`` with its fixed message, ``limit``'s or ``message``.
+
+        ``limit``: the size limit that was hit, whose message (naming that limit) is the
+        reply's when it is ``code``'s. ``message``: the tool's own error text its record
+        keeps (None: no text), the reply's for EXECUTION_FAILED, the only code a tool's
+        text answers with; it is never anything else. Any other code keeps its message.
+        """
+        text = SAFE_MESSAGES[code]
+        if limit is not None and limit.code is code:
+            text = limit.message()
+        if message is not None and code is ErrorCode.EXECUTION_FAILED:
+            text = message
         return cls(
             error_code=code,
-            message=SAFE_MESSAGES[code],
+            message=text,
             tool_call_id=tool_call_id,
             invocation_id=invocation_id,
         )

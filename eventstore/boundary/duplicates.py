@@ -9,7 +9,10 @@ and answers what it holds:
 - the record holds another tool or another canonical request: ``DUPLICATE_TOOL_CALL``,
   exactly as without replay (the digest of the canonical request bytes is compared);
 - READY: the stored result, evidence status and scope, as the first reply gave them;
-- ERROR: the record's error code;
+- ERROR: the record's error code, with the message the first reply gave: for a size
+  error, the one naming the limit the record says was hit; for a tool that opted in
+  (``ToolSpec.error_result``), the tool's own error text when the record keeps one as
+  its agent result; else the code's fixed message;
 - still PROJECTING: the record is read again with a growing pause until it finishes or
   ``wait_s`` has passed; past the wait, ``DUPLICATE_TOOL_CALL`` with the invocation id,
   so the harness may look the record up later;
@@ -27,6 +30,8 @@ from eventstore.reader import Reader
 from eventstore.wire.replies import reply_text
 from machine.codes import ErrorCode, EvidenceStatus, Status
 from machine.events import payload_digest
+from machine.failure_detail import decode_failure_detail
+from machine.limits import LimitHit
 from machine.results import decode_result
 
 #: The record fields a replay needs: never the request or the raw response.
@@ -39,6 +44,8 @@ _FIELDS: Final = (
     "scope",
     "error_code",
     "invocation_id",
+    # Harness-only: read for the limit a size error names, never shown.
+    "failure_detail",
 )
 #: First and longest pause between two reads of a record still PROJECTING.
 FIRST_PAUSE_S: Final = 0.005
@@ -98,6 +105,29 @@ def _text(value: bytes | None) -> str | None:
     return reply_text(value, "replace") if value is not None else None
 
 
+def _limit_of(detail: bytes | None) -> LimitHit | None:
+    """The size limit a stored failure detail names, if it names one."""
+    decoded = decode_failure_detail(detail) if detail is not None else None
+    if decoded is None or not isinstance(decoded.limit, LimitHit):
+        return None
+    return decoded.limit
+
+
+def _error_text(stored: bytes | None) -> str | None:
+    """The tool's error text a failed record keeps as its agent result; None: none kept.
+
+    Raises:
+        ValueError: the stored bytes are not a JSON string (the record is not replayed).
+
+    """
+    if stored is None:
+        return None
+    text = decode_result(stored)
+    if not isinstance(text, str):
+        raise ValueError("a failed record's agent result is a JSON string")
+    return text
+
+
 def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply | None:
     """The reply a finished record holds; None while it is PROJECTING (or unreadable)."""
     invocation = _text(fields.get("invocation_id"))
@@ -113,7 +143,13 @@ def _recorded_reply(fields: dict[str, bytes], tool_call_id: str) -> AgentReply |
             )
         if status == Status.ERROR.value.encode():
             code = ErrorCode(fields["error_code"].decode())
-            return ToolError.of(code, tool_call_id=tool_call_id, invocation_id=invocation)
+            return ToolError.of(
+                code,
+                tool_call_id=tool_call_id,
+                invocation_id=invocation,
+                limit=_limit_of(fields.get("failure_detail")),
+                message=_error_text(fields.get("result")),
+            )
     except (KeyError, ValueError):  # UnicodeDecodeError and msgspec's DecodeError too
         # A record that does not hold a readable reply is not replayed, only refused.
         return ToolError.of(ErrorCode.DUPLICATE_TOOL_CALL, tool_call_id=tool_call_id)

@@ -1,4 +1,10 @@
-"""A tool as the boundary runs it: what each call needs, decided once at registration."""
+"""A tool as the boundary runs it: what each call needs, decided once at registration.
+
+An exception the executor itself raised reaches the boundary wrapped in
+:class:`ToolRaised`, so that it is told apart from the boundary's own failures of the
+same call (the tool's time limit, no tool thread left): only the tool's own error may
+become the agent's text (``ToolSpec.error_result``).
+"""
 
 from __future__ import annotations
 
@@ -9,8 +15,8 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 from eventstore.boundary.contracts import ToolCall, ToolSpec
-from eventstore.boundary.tool_threads import ToolThreads
-from eventstore.errors import InvalidArgument
+from eventstore.boundary.tool_threads import ToolThreads, ToolThreadsExhausted
+from eventstore.errors import CanonError, InvalidArgument
 from eventstore.wire.deadlines import Deadlines
 from machine.ids import is_tool_name
 
@@ -24,8 +30,9 @@ def check_tools(tools: Mapping[str, ToolSpec]) -> None:
     """Check the tools a boundary is given, before any call.
 
     Raises:
-        InvalidArgument: a name the store refuses (:func:`machine.ids.is_tool_name`), or a
-            time limit that is not a positive number of seconds.
+        InvalidArgument: a name the store refuses (:func:`machine.ids.is_tool_name`), a
+            time limit that is not a positive number of seconds, or an ``error_result``
+            that is not callable.
 
     """
     refused = [name for name in tools if not is_tool_name(name)]
@@ -36,6 +43,14 @@ def check_tools(tools: Mapping[str, ToolSpec]) -> None:
     if slow:
         shown = ", ".join(repr(name) for name in slow[:5])
         raise InvalidArgument(f"tool time limits must be positive seconds: {shown}")
+    uncallable = [
+        name
+        for name, spec in tools.items()
+        if spec.error_result is not None and not callable(spec.error_result)
+    ]
+    if uncallable:
+        shown = ", ".join(repr(name) for name in uncallable[:5])
+        raise InvalidArgument(f"a tool's error_result must be callable: {shown}")
 
 
 async def call_tool_function(
@@ -46,6 +61,19 @@ async def call_tool_function(
     if inspect.isawaitable(result):
         result = await result
     return result
+
+
+class ToolRaised(CanonError):
+    """Raised when a tool's executor raised an ``Exception`` itself; carries it as ``error``.
+
+    Never leaves the boundary. The tool's own ``CancelledError`` is not wrapped: inside the
+    executor it cannot be told from the caller's cancellation or the time limit, which must
+    go on as they are.
+    """
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(type(error).__name__)
+        self.error = error
 
 
 class RegisteredTool:
@@ -69,10 +97,25 @@ class RegisteredTool:
         )
 
     async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
-        """Run the executor in ``task`` within the tool's time limit (TimeoutError past it)."""
-        running = call_tool_function(
-            self.spec.executor, arguments, call, threads=self.executor_threads
-        )
+        """Run the executor in ``task`` within the tool's time limit.
+
+        Raises:
+            ToolRaised: the executor raised an ``Exception`` (it carries it).
+            TimeoutError: the time limit passed first.
+            ToolThreadsExhausted: every tool thread is stuck; the executor never ran.
+
+        """
+        running = self._executor(arguments, call)
         if self.executor_deadlines is None:
             return await running
         return await self.executor_deadlines.run(running, task)
+
+    async def _executor(self, arguments: Any, call: ToolCall) -> Any:
+        try:
+            return await call_tool_function(
+                self.spec.executor, arguments, call, threads=self.executor_threads
+            )
+        except ToolThreadsExhausted:
+            raise  # the boundary's refusal to start the tool, not the tool's error
+        except Exception as exc:
+            raise ToolRaised(exc) from None

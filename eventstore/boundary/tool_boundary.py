@@ -4,8 +4,11 @@ Order of one call: preflight (nothing executed; a refusal goes on the run's refu
 log, nothing else is stored) → the creation script
 (run state, pause, duplicate and budgets, checked atomically with the record's creation)
 → executor → raw response stored complete → projector → bounded result stored → the
-agent receives that result, or a stable error code with its fixed message. Nothing raised
-by a tool, a projector, the input or Redis escapes to the agent.
+agent receives that result, or a stable error code with its fixed message (for a size
+error, the one naming the limit that was hit; for a tool that opted in with
+``ToolSpec.error_result``, EXECUTION_FAILED with the tool's own error text, scrubbed,
+bounded and stored as the failed record's agent result first). Nothing raised by a tool,
+a projector, the input or Redis escapes to the agent.
 
 Three concerns live in modules of their own: answering a retried call from its record
 (:mod:`eventstore.boundary.duplicates`), closing the record of a call cut short by its
@@ -25,7 +28,13 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from eventstore.boundary.call_stops import CallStop, checked_policy, tool_failed
+from eventstore.boundary.call_stops import (
+    CallStop,
+    checked_policy,
+    error_text_result,
+    too_large,
+    tool_failed,
+)
 from eventstore.boundary.call_trace import CallTrace
 from eventstore.boundary.contracts import (
     AgentReply,
@@ -39,7 +48,12 @@ from eventstore.boundary.contracts import (
 )
 from eventstore.boundary.duplicates import replay_duplicate
 from eventstore.boundary.interrupts import Interruptions, caller_cancelled
-from eventstore.boundary.registered_tools import RegisteredTool, call_tool_function, check_tools
+from eventstore.boundary.registered_tools import (
+    RegisteredTool,
+    ToolRaised,
+    call_tool_function,
+    check_tools,
+)
 from eventstore.boundary.tool_threads import ToolThreads
 from eventstore.boundary.tracing import InvocationSpan, tracing
 from eventstore.errors import (
@@ -55,7 +69,7 @@ from eventstore.writer import Head, preflighted
 from machine.codes import ErrorCode, EvidenceStatus
 from machine.failure_detail import FailureDetailPolicy
 from machine.ids import invocation_id, is_run_id
-from machine.limits import Limits, utf8_size
+from machine.limits import LimitHit, LimitName, Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
 from machine.results import decode_result, encode_raw, encode_result
 
@@ -90,15 +104,17 @@ class ToolBoundary:
             the event loop's default executor).
         failure_detail: what the record keeps, for the harness only, when an executor
             or projector raises (:mod:`machine.failure_detail`): ``"full"`` (default:
-            type, message, traceback), ``"type"`` (the type name) or ``"none"``.
+            type, message, traceback), ``"type"`` (the type name) or ``"none"``. A
+            payload refused for its size raised nothing: its record keeps the limit that
+            was hit and the sizes, under every policy (they hold no payload text).
 
     Raises:
         InvalidArgument: a tool is registered under a name the store refuses
             (:func:`machine.ids.is_tool_name`), or with a time limit that is not a
             positive number of seconds, or ``on_duplicate`` / ``replay_wait_s`` is not
             one of the accepted values, or ``max_tool_threads`` is below 1, or
-            ``failure_detail`` is not a policy; caught here,
-            not on its first call.
+            ``failure_detail`` is not a policy, or a tool's ``error_result`` is not
+            callable; caught here, not on its first call.
 
     """
 
@@ -132,6 +148,9 @@ class ToolBoundary:
         self._replay = on_duplicate == "replay"
         self._replay_wait_s = float(replay_wait_s)
         self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
+        # Every code from the start: the keys never change, so a metrics scrape in another
+        # thread can copy the dict while calls count into it.
+        self._refused: dict[ErrorCode, int] = dict.fromkeys(ErrorCode, 0)
 
     def close(self, *, wait: bool = False, timeout_s: float | None = None) -> None:
         """Stop this boundary's own tool threads; see :meth:`ToolThreads.close`."""
@@ -145,6 +164,19 @@ class ToolBoundary:
         (EXECUTION_FAILED) until some return; see :mod:`eventstore.boundary.tool_threads`.
         """
         return self._threads.stuck
+
+    @property
+    def refusals(self) -> dict[ErrorCode, int]:
+        """Calls this boundary refused before any record existed, by code, since it was built.
+
+        A refusal is decided in preflight, by the creation script (run state, pause,
+        duplicate, budgets) or by a duplicate that no record answers: the refusals a
+        run's refusal log keeps, here also those naming no run that exists. A copy,
+        with every code (0 for those never seen). Counted in memory, only when a call is
+        refused: a call that is not refused costs nothing more. A view
+        (:meth:`answering_duplicates`) counts into the same counts.
+        """
+        return dict(self._refused)
 
     @property
     def store_timeout_s(self) -> float:
@@ -230,9 +262,16 @@ class ToolBoundary:
         except InvalidRequest:
             raise CallStop(ErrorCode.INVALID_INPUT) from None
         except OverflowError:
-            raise CallStop(ErrorCode.REQUEST_TOO_LARGE) from None
+            # Too long even to parse: over the limit, by how much was not measured.
+            hit = LimitHit(name=LimitName.REQUEST, limit_bytes=limits.request_bytes)
+            raise CallStop(hit.code, limit=hit) from None
         if len(request) > limits.request_bytes:
-            raise CallStop(ErrorCode.REQUEST_TOO_LARGE)
+            hit = LimitHit(
+                name=LimitName.REQUEST,
+                limit_bytes=limits.request_bytes,
+                actual_bytes=len(request),
+            )
+            raise CallStop(hit.code, limit=hit)
         tool = self._tool_of(envelope)
         if tool is None:
             raise CallStop(ErrorCode.UNKNOWN_TOOL)
@@ -270,7 +309,7 @@ class ToolBoundary:
             tool, request = self._preflight(ctx, envelope)
         except CallStop as stop:
             await self._record_refusal(ctx.run_id, envelope.tool, envelope.tool_call_id, stop.code)
-            return trace.refuse(stop.code, "preflight")
+            return self._refuse(trace, stop.code, "preflight", stop.limit)
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
         # Built before it is sent, so that an interrupted creation can be sent again.
         creation = preflighted(run_id, tool_call_id, envelope.tool, request)
@@ -294,7 +333,7 @@ class ToolBoundary:
                 return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
             if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
                 return await self._replay_duplicate(trace, run_id, envelope.tool, request)
-            return trace.refuse(refused.error_code, "create")
+            return self._refuse(trace, refused.error_code, "create")
         except StoreUnavailable:
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
         except BaseException:
@@ -312,6 +351,13 @@ class ToolBoundary:
             return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except (StoreUnavailable, Refused):
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    def _refuse(
+        self, trace: CallTrace, code: ErrorCode, stage: str, limit: LimitHit | None = None
+    ) -> ToolError:
+        """Count a refusal (see :attr:`refusals`), then log it and return its reply."""
+        self._refused[code] += 1
+        return trace.refuse(code, stage, limit)
 
     async def _record_refusal(
         self, run_id: object, tool: object, tool_call_id: object, code: ErrorCode
@@ -349,7 +395,7 @@ class ToolBoundary:
         if isinstance(reply, ToolError) and reply.invocation_id is None:
             # Nothing recorded answers it (another request, or the record is gone).
             await self._record_refusal(run_id, tool, tool_call_id, reply.error_code)
-            return trace.refuse(reply.error_code, "replay")
+            return self._refuse(trace, reply.error_code, "replay")
         return trace.replay(reply)
 
     async def _execute(
@@ -361,6 +407,8 @@ class ToolBoundary:
         try:
             try:
                 raw_value = await tool.execute(arguments, call, trace.task)
+            except ToolRaised as raised:
+                raise self._tool_raised(tool, raised.error, len(request), trace) from None
             except Exception as exc:
                 raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
             except asyncio.CancelledError as exc:
@@ -373,7 +421,14 @@ class ToolBoundary:
             except (TypeError, ValueError, OverflowError):
                 raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
             if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
-                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(raw))
+                over_raw = len(raw) > limits.raw_bytes
+                raise too_large(
+                    LimitName.RAW if over_raw else LimitName.RECORD,
+                    len(raw) if over_raw else len(request) + len(raw),
+                    limits,
+                    rejected_bytes=len(raw),
+                    stored_bytes=len(request),
+                )
             head = await self._commit(
                 trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
             )
@@ -393,18 +448,34 @@ class ToolBoundary:
                 or scope_bytes > limits.scope_bytes
                 or total > limits.record_bytes
             ):
-                raise CallStop(ErrorCode.RESULT_TOO_LARGE, len(result))
+                # Which limit, found only once one was hit: a call within them pays nothing.
+                name, measured = next(
+                    (name, measured)
+                    for name, measured in (
+                        (LimitName.RESULT, len(result)),
+                        (LimitName.SCOPE, scope_bytes),
+                        (LimitName.RECORD, total),
+                    )
+                    if measured > getattr(limits, name.value)
+                )
+                raise too_large(
+                    name, measured, limits, rejected_bytes=len(result), stored_bytes=stored
+                )
             await self._commit(
                 trace,
                 "Completed",
                 self._store.writer.complete(head, result, evidence, projection.scope),
             )
         except CallStop as stop:
-            failing = self._store.writer.fail(head, stop.code, stop.rejected_bytes, stop.detail)
+            failing = self._store.writer.fail(
+                head, stop.code, stop.rejected_bytes, stop.detail, stop.result
+            )
             await self._closing_if_cut(
                 trace, head, self._commit(trace, "Failed", failing, stop.code)
             )
-            return trace.error(stop.code, recorded=True)
+            # Answered once the record holds it: the agent, a replay and a receipt agree
+            # on the tool's text; a size error's message names the limit it hit.
+            return trace.error(stop.code, recorded=True, limit=stop.limit, message=stop.message)
         except Exception:
             raise  # store failures: answered by _invoke
         except BaseException:
@@ -430,10 +501,38 @@ class ToolBoundary:
             await self._interruptions.close(head, None, trace.interrupted)
             raise
 
-    def _failed(self, code: ErrorCode, exc: BaseException, stored_bytes: int) -> CallStop:
+    def _failed(
+        self,
+        code: ErrorCode,
+        exc: BaseException,
+        stored_bytes: int,
+        result: bytes | None = None,
+    ) -> CallStop:
         """The stop of a raising executor or projector, with its failure detail."""
         scrub = self._store.settings.scrub
-        return tool_failed(code, exc, self._failure_detail, self._limits, stored_bytes, scrub)
+        return tool_failed(
+            code, exc, self._failure_detail, self._limits, stored_bytes, scrub, result
+        )
+
+    def _tool_raised(
+        self, tool: RegisteredTool, error: Exception, stored_bytes: int, trace: CallTrace
+    ) -> CallStop:
+        """The stop of an executor that raised ``error``: EXECUTION_FAILED.
+
+        The agent is shown the tool's own text of ``error`` when its ToolSpec opted in
+        (``error_result``) and that text can be kept (:func:`error_text_result`).
+        """
+        error_result = tool.spec.error_result
+        if error_result is None:
+            return self._failed(ErrorCode.EXECUTION_FAILED, error, stored_bytes)
+        try:
+            text: object = error_result(error)
+        except Exception as exc:  # the harness's callable: the agent gets the fixed message
+            trace.logger.warning("error_result_failed", **trace.ids, error_type=type(exc).__name__)
+            text = None
+        scrub = self._store.settings.scrub
+        result = error_text_result(text, self._limits, stored_bytes, scrub)
+        return self._failed(ErrorCode.EXECUTION_FAILED, error, stored_bytes, result)
 
     async def _project(
         self,

@@ -45,6 +45,13 @@ item, :func:`split_identity`) splits at the first ``:`` after the run id, and th
 :class:`~eventstore.errors.InvalidArgument` before any command is sent, never rewritten.
 Parsing a SCANned key back into its ids lives here too, beside the formatting it inverts.
 
+**Across namespaces.** No key lists a server's namespaces (a registry would be a key
+outside every namespace, which a user limited to its own namespace's keys could not
+write). A namespace that holds runs has run hashes and run indexes, so
+:data:`RUNS_OF_ANY_NAMESPACE` (a SCAN MATCH pattern) finds them in every namespace, and
+:func:`run_key_of_any_namespace` names the namespace (and run) of each: key names only,
+no key of another namespace is read.
+
 **Layouts.** ``{ns}:meta`` field ``layout`` names the namespace's key layout, written
 when it is created: :data:`LAYOUT` (2) is the one above. Metadata with a shard count but
 no layout means :data:`LEGACY_LAYOUT` (1), whose stream is ``<record key>:ev``; it is
@@ -73,6 +80,12 @@ LEGACY_LAYOUT: Final = 1
 LAYOUTS: Final = (LEGACY_LAYOUT, LAYOUT)
 
 _NAMESPACE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._\-]{0,31}")
+#: SCAN MATCH pattern of every run hash (``run:<run>``) and run index (``runs``), in every
+#: namespace; a superset: :func:`run_key_of_any_namespace` tells them from the rest.
+RUNS_OF_ANY_NAMESPACE: Final = "*:{s*}:run*"
+_RUN_KEY_OF_ANY_NAMESPACE = re.compile(
+    rf"({_NAMESPACE.pattern}):\{{s\d+\}}:run(?:s|:(.+))", re.DOTALL
+)
 # Redis SCAN MATCH patterns give these characters a meaning; a backslash quotes one.
 _GLOB = re.compile(r"([*?\[\]\\])")
 
@@ -91,6 +104,22 @@ def generation_kind(kind: str, generation: int) -> str:
 def escape_glob(text: str) -> str:
     """Return ``text`` as a SCAN MATCH pattern that matches exactly ``text``."""
     return _GLOB.sub(r"\\\1", text)
+
+
+def run_key_of_any_namespace(key: bytes | str) -> tuple[str, str | None] | None:
+    """Read a key found with :data:`RUNS_OF_ANY_NAMESPACE`: ``(namespace, run_id)``.
+
+    The run id is None for a shard's run index (the namespace holds runs). None for any
+    other key: another kind that only looks like one, or a name no namespace can have.
+    """
+    text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+    match = _RUN_KEY_OF_ANY_NAMESPACE.fullmatch(text)
+    if match is None:
+        return None
+    namespace, run_id = match.groups()
+    if run_id is not None and not is_run_id(run_id):
+        return None
+    return namespace, run_id
 
 
 def split_identity(identity: str) -> tuple[str, str]:

@@ -19,8 +19,11 @@ reason                       what disagrees
 ``last_hash_mismatch``       the last event's bytes do not hash to the record's ``last_hash``
 ``stage_mismatch``           the record's status is not its stage's, or the last event's
                              type is not the one that stage follows
-``result_digest_mismatch``   READY, and the stored result (or its recorded digest or size)
-                             is not the one the ``Completed`` event names
+``result_digest_mismatch``   the stored result (or its recorded digest or size) is not the
+                             one the terminal event names: READY's ``Completed`` event, or
+                             ERROR's ``Failed`` event (which names one only when the agent
+                             was shown the tool's own error text, and then none may be
+                             recorded without it)
 ``outcome_mismatch``         the record's evidence status or error code is not the one its
                              terminal event names
 ============================ ==============================================================
@@ -35,6 +38,8 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from typing import Final
+
+from msgspec import UnsetType
 
 from eventstore.reader import StoredEvent
 from machine.codes import Stage, Status
@@ -75,25 +80,46 @@ def _text(fields: Mapping[str, bytes], name: str) -> str | None:
     return None if value is None else value.decode("utf-8", "replace")
 
 
+def _result_disagreement(
+    fields: Mapping[str, bytes],
+    digest: str | UnsetType,
+    size: int | UnsetType,
+    *,
+    stored_result: bool,
+) -> str | None:
+    """The agent result the terminal event names (``UNSET``: none) against the record's."""
+    recorded = (_text(fields, "result_sha256"), _text(fields, "result_bytes"))
+    result = fields.get("result")
+    if isinstance(digest, UnsetType) or isinstance(size, UnsetType):
+        # A Failed event that names no result: the record keeps none (the fixed message).
+        if recorded != (None, None) or (stored_result and result is not None):
+            return "result_digest_mismatch"
+        return None
+    if recorded != (digest, str(size)):
+        return "result_digest_mismatch"
+    if stored_result and (
+        result is None or len(result) != size or payload_digest(result) != digest
+    ):
+        return "result_digest_mismatch"
+    return None
+
+
 def _outcome_disagreement(
     fields: Mapping[str, bytes], event: Event, *, stored_result: bool
 ) -> str | None:
-    """The terminal event's outcome against the record's (READY's result included)."""
+    """The terminal event's outcome against the record's, its agent result included."""
     if isinstance(event, Completed):
         if _text(fields, "evidence_status") != event.evidence_status.value:
             return "outcome_mismatch"
-        recorded = (_text(fields, "result_sha256"), _text(fields, "result_bytes"))
-        if recorded != (event.result_sha256, str(event.result_bytes)):
-            return "result_digest_mismatch"
-        result = fields.get("result")
-        if stored_result and (
-            result is None
-            or len(result) != event.result_bytes
-            or payload_digest(result) != event.result_sha256
-        ):
-            return "result_digest_mismatch"
-    elif isinstance(event, Failed) and _text(fields, "error_code") != event.error_code.value:
-        return "outcome_mismatch"
+        return _result_disagreement(
+            fields, event.result_sha256, event.result_bytes, stored_result=stored_result
+        )
+    if isinstance(event, Failed):
+        if _text(fields, "error_code") != event.error_code.value:
+            return "outcome_mismatch"
+        return _result_disagreement(
+            fields, event.result_sha256, event.result_bytes, stored_result=stored_result
+        )
     return None
 
 

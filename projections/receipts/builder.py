@@ -153,11 +153,18 @@ def _completed_result(
 ) -> tuple[dict[str, Any] | None, ResultSource]:
     if state.status is Status.ERROR:
         assert state.error_code is not None  # the fold refuses ERROR without a code
+        message = SAFE_MESSAGES[state.error_code]
+        if state.result_sha256 is not None:
+            # The agent was shown the tool's own error text: the receipt shows what it saw.
+            valid, text = _agent_result(view, state, limit_bytes)
+            if not valid or not isinstance(text, str):
+                return None, ResultSource.NONE
+            message = text
         return {
             "state": "error",
             "ok": False,
             "error_code": state.error_code.value,
-            "message": SAFE_MESSAGES[state.error_code],
+            "message": message,
             "auto_retry_allowed": False,
         }, ResultSource.RECORD
     valid, agent_result = _agent_result(view, state, limit_bytes)
@@ -180,12 +187,20 @@ def _only_the_stored_result_disagrees(
     journal: JournalState,
     observed_at_ms: int,
 ) -> bool:
-    """Whether a READY record is ``evidence_degraded`` only by its stored result's bytes."""
+    """Whether a record that has a result is ``evidence_degraded`` only by its bytes.
+
+    READY, or ERROR whose ``Failed`` event names the agent result the agent was shown (the
+    tool's own error text). An ERROR record that names none keeps none: a result written
+    into it is a disagreement like any other.
+    """
+    state = view.state if view is not None else None
     return (
         journal is JournalState.EVIDENCE_DEGRADED
-        and view is not None
-        and view.state is not None
-        and view.state.status is Status.READY
+        and state is not None
+        and (
+            state.status is Status.READY
+            or (state.status is Status.ERROR and state.result_sha256 is not None)
+        )
         and journal_state(view, events, observed_at_ms=observed_at_ms, stored_result=False)
         is JournalState.COMPLETED
     )
@@ -231,7 +246,8 @@ def build_receipt(
         evidence = view.state.evidence_status
     elif _only_the_stored_result_disagrees(view, events, journal, observed_at_ms):
         # The journal confirms the call completed; the bytes stored as its result are not
-        # the ones it names, and it holds only their digest: no result, not a guess.
+        # the ones it names, and it holds only their digest: no result, not a guess (nor,
+        # for an ERROR, the fixed message in place of the text the agent was shown).
         result, source = None, ResultSource.NONE
     else:
         result, source = _reconciliation(), ResultSource.JOURNAL

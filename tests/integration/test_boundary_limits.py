@@ -8,7 +8,11 @@ import msgspec
 import pytest
 
 from eventstore import Limits, Projection, RunContext, Store, ToolBoundary, ToolCall, ToolResult
+from eventstore.audit import replay_invocation
 from machine.codes import ErrorCode, EvidenceStatus, Status
+from machine.events import Failed, payload_digest
+from machine.failure_detail import SIZE_LIMIT_TYPE, decode_failure_detail
+from machine.limits import LimitHit, LimitName
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
 from tests.support.tools import FakeTool
 
@@ -26,6 +30,23 @@ def text_of(size: int, char: str) -> str:
     assert len(text.encode()) == size
     assert len(text) < size or width == 1 or size < width
     return text
+
+
+async def assert_size_detail(
+    store: Store, name: LimitName, limit_bytes: int, actual_bytes: int, call: str = "call_1"
+) -> None:
+    """The record keeps, harness-only, the limit that was hit, its size and the size
+    measured against it, under the digest its Failed event names; the replay shows it."""
+    fields = await store.reader.fields(RUN, call)
+    data = fields[b"failure_detail"]
+    detail = decode_failure_detail(data)
+    assert detail is not None and detail.type == SIZE_LIMIT_TYPE and detail.traceback == ""
+    assert detail.limit == LimitHit(name=name, limit_bytes=limit_bytes, actual_bytes=actual_bytes)
+    assert f"{actual_bytes} B, over the {name.value} limit of {limit_bytes} B" in detail.message
+    failed = (await store.reader.events(RUN, call))[-1].event
+    assert isinstance(failed, Failed) and failed.failure_detail_sha256 == payload_digest(data)
+    replay = await replay_invocation(store, RUN, call)
+    assert replay is not None and replay.verdict.intact and replay.failure_detail == detail
 
 
 def test_default_limits_are_pinned():
@@ -86,7 +107,11 @@ async def test_request_one_byte_over_its_limit_is_refused(make_store: Any, char:
         RunContext(RUN), envelope(arguments=arguments)
     )
 
-    assert_safe_error(reply, ErrorCode.REQUEST_TOO_LARGE)
+    assert_safe_error(
+        reply,
+        ErrorCode.REQUEST_TOO_LARGE,
+        "The tool request is larger than the 300 B request limit.",
+    )
     assert tool.executed == 0
     assert await store.get(RUN, "call_1") is None
 
@@ -144,7 +169,11 @@ async def test_raw_one_byte_over_its_limit_fails_closed(make_store: Any, char: s
 
     reply = await ToolBoundary(store, {TOOL: tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert_safe_error(reply, ErrorCode.RESULT_TOO_LARGE)
+    assert_safe_error(
+        reply,
+        ErrorCode.RESULT_TOO_LARGE,
+        "The raw tool response is larger than the 1000 B raw response limit.",
+    )
     assert tool.executed == 1 and tool.projected == 0
     record = await store.get(RUN, "call_1")
     assert record is not None
@@ -154,6 +183,7 @@ async def test_raw_one_byte_over_its_limit_fails_closed(make_store: Any, char: s
     )
     assert record.raw is None and record.result is None
     assert record.state.rejected_bytes == limit + 1
+    await assert_size_detail(store, LimitName.RAW, limit, limit + 1)
 
 
 @widths
@@ -186,7 +216,11 @@ async def test_agent_result_one_byte_over_its_limit_fails_closed(make_store: Any
 
     reply = await ToolBoundary(store, {TOOL: tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert_safe_error(reply, ErrorCode.RESULT_TOO_LARGE)
+    assert_safe_error(
+        reply,
+        ErrorCode.RESULT_TOO_LARGE,
+        "The tool result is larger than the 500 B agent result limit.",
+    )
     assert char.encode() not in msgspec.json.encode(reply)
     record = await store.get(RUN, "call_1")
     assert record is not None
@@ -198,6 +232,7 @@ async def test_agent_result_one_byte_over_its_limit_fails_closed(make_store: Any
     assert record.result is None
     assert record.raw is not None  # stored before the projection, harness-only
     assert record.state.rejected_bytes == limit + 1
+    await assert_size_detail(store, LimitName.RESULT, limit, limit + 1)
 
 
 def record_parts(total: int, char: str) -> tuple[dict[str, str], str, str, str]:
@@ -227,8 +262,18 @@ async def test_whole_record_limit(make_store: Any, char: str, over: int):
     record = await store.get(RUN, "call_1")
     assert record is not None
     if over:
-        assert_safe_error(reply, ErrorCode.RESULT_TOO_LARGE)
+        assert_safe_error(
+            reply,
+            ErrorCode.RESULT_TOO_LARGE,
+            "The tool call's payloads together are larger than the 500 B record limit.",
+        )
         assert (record.state.status, record.result) == (Status.ERROR, None)
+        # The detail fits in what the record limit leaves beside request and raw.
+        data = (await store.reader.fields(RUN, "call_1")).get(b"failure_detail", b"")
+        assert len(record.request) + len(record.raw or b"") + len(data) <= limit
+        detail = decode_failure_detail(data)
+        assert detail is not None
+        assert detail.limit == LimitHit(name=LimitName.RECORD, limit_bytes=500, actual_bytes=501)
     else:
         assert isinstance(reply, ToolResult) and reply.scope == scope
         assert record.state.status is Status.READY
@@ -249,10 +294,15 @@ async def test_request_and_raw_over_the_record_limit_store_no_raw(make_store: An
         RunContext(RUN), envelope(arguments=request)
     )
 
-    assert_safe_error(reply, ErrorCode.RESULT_TOO_LARGE)
+    assert_safe_error(
+        reply,
+        ErrorCode.RESULT_TOO_LARGE,
+        "The tool call's payloads together are larger than the 500 B record limit.",
+    )
     assert tool.projected == 0
     record = await store.get(RUN, "call_1")
     assert record is not None and record.raw is None and record.state.status is Status.ERROR
+    await assert_size_detail(store, LimitName.RECORD, limit, limit + 1)
 
 
 @widths
@@ -274,8 +324,13 @@ async def test_scope_limit(make_store: Any, char: str, over: int):
     record = await store.get(RUN, "call_1")
     assert record is not None
     if over:
-        assert_safe_error(reply, ErrorCode.RESULT_TOO_LARGE)
+        assert_safe_error(
+            reply,
+            ErrorCode.RESULT_TOO_LARGE,
+            "The scope of the tool result is larger than the 64 B scope limit.",
+        )
         assert record.state.status is Status.ERROR and record.state.scope != scope
+        await assert_size_detail(store, LimitName.SCOPE, limit, limit + 1)
     else:
         assert isinstance(reply, ToolResult) and reply.scope == scope
         assert record.state.scope == scope

@@ -222,7 +222,8 @@ async def test_json_text_and_mappings_of_an_object_are_accepted(store: Store):
 async def test_request_over_its_byte_limit_is_refused(
     store: Store, redis: Redis, namespace: str, arguments: Any
 ):
-    """A request over Limits.request_bytes is REQUEST_TOO_LARGE."""
+    """A request over Limits.request_bytes is REQUEST_TOO_LARGE, whose message names the
+    request limit and its size, also when the text was too long even to parse."""
     tool = FakeTool()
     await open_run(store)
     boundary = ToolBoundary(store, {TOOL: tool.spec()})
@@ -234,6 +235,7 @@ async def test_request_over_its_byte_limit_is_refused(
         ErrorCode.REQUEST_TOO_LARGE,
         redis=redis,
         namespace=namespace,
+        message="The tool request is larger than the 64 KiB request limit.",
     )
 
 

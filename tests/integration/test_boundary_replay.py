@@ -13,6 +13,7 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import (
+    Limits,
     RunContext,
     Store,
     ToolBoundary,
@@ -88,6 +89,29 @@ async def test_a_retried_failed_call_gets_its_error_code(store: Store):
     assert again.invocation_id == invocation_id(RUN, "call_1")  # type: ignore[union-attr]
     assert tool.executed == 1
     assert await used_total(store) == 1
+
+
+async def test_a_retried_size_error_names_the_same_limit_even_after_the_limits_changed(
+    make_store: Any,
+):
+    """A call refused for its size is replayed with the message naming the limit its record
+    says was hit, the one the first call read, also by a boundary whose store has other
+    limits now."""
+    store = make_store(limits=Limits(raw_bytes=1000))
+    tool = FakeTool(raw="x" * 1001)
+    await open_run(store)
+    first = await replaying(store, tool).invoke(RunContext(RUN), envelope())
+    larger = make_store(limits=Limits(raw_bytes=4096))
+
+    again = await replaying(larger, tool).invoke(RunContext(RUN), envelope())
+
+    assert_safe_error(
+        first,
+        ErrorCode.RESULT_TOO_LARGE,
+        "The raw tool response is larger than the 1000 B raw response limit.",
+    )
+    assert again == first
+    assert tool.executed == 1
 
 
 @pytest.mark.parametrize(

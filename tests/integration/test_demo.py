@@ -102,7 +102,8 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
 ) -> None:
     """Without REDIS_URL the demo starts its own Redis (and says where), shows every table,
     exits 0, leaves no server running, and ends with commands that work: against a server
-    started on the data it kept, each printed command exits 0 and the failed call shows."""
+    started on the data it kept, each printed command exits 0, the failed call shows, and
+    the billing run's spent budget shows as refusals in canon runs and in its replay."""
     data_dir = tmp_path / "data"
     result = _canon("demo", "--data-dir", str(data_dir), "--calls", "8")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -127,19 +128,30 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
     assert [command.split()[1] for command in commands] == [
         "replay",
         "replay",
+        "replay",
         "runs",
         "export",
         "status",
         "verify",
     ]
+    billing = commands[2].split()[2]
+    assert billing.startswith("billing-")
     url = serve_data(data_dir)
+    shown_by: dict[str, str] = {}
     for command in commands:
         argv = command.split()[1:]
-        assert argv.count("URL") == 1 and "--namespace" in argv
+        assert argv.count("URL") == 1 and argv[argv.index("--namespace") + 1] == "demo"
         shown = _canon(*[url if arg == "URL" else arg for arg in argv])
         assert shown.returncode == 0, (command, shown.stdout[-2000:], shown.stderr[-2000:])
+        shown_by[" ".join(argv[:2])] = shown.stdout
         if len(argv) > 2 and argv[0] == "replay" and argv[2].startswith("call_"):
             assert "error EXECUTION_FAILED" in shown.stdout and "INTACT" in shown.stdout
+    runs = shown_by["runs --redis-url"]
+    assert "refused" in runs
+    assert re.search(rf"refused in {billing}: .*RUN_BUDGET_EXHAUSTED \d+", runs), runs
+    replayed = shown_by[f"replay {billing}"]
+    assert re.search(r"refused before any record: \d+ \(.*RUN_BUDGET_EXHAUSTED \d+", replayed)
+    assert "RUN_BUDGET_EXHAUSTED" in replayed.split("the latest", 1)[1], replayed
 
 
 def test_a_taken_redis_port_is_one_line_and_exit_2() -> None:
@@ -182,7 +194,7 @@ async def test_demo_logs_above_its_bar_and_fits_80_columns(
     flat = " ".join(text.split())
     assert " ".join(REFUSALS_NOTE.split()) in flat and " ".join(FACTS_NOTE.split()) in flat
     assert "…" not in text
-    for header in ("budget", "used", "READY", "ERROR", "evidence status / error code"):
+    for header in ("budget", "used", "READY", "ERROR", "refused", "evidence status / error code"):
         assert header in text
     for header in ("invocations", "by status", "by evidence", "facts", "state after"):
         assert header in text

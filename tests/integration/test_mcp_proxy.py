@@ -34,7 +34,7 @@ from machine.ids import invocation_id
 from projections import ReceiptWorker
 from projections.receipts.inspection import inspect_invocation
 from projections.receipts.journal import JournalState
-from tests.support.log_scan import LOG_FORBIDDEN
+from tests.support.log_scan import LOG_FORBIDDEN, forbid_in_logs
 from tests.support.provider_ids import ACCEPTED
 from tests.support.waiting import wait_for
 
@@ -43,6 +43,10 @@ UPSTREAM = [sys.executable, str(ROOT / "tests" / "support" / "mcp_upstream_serve
 RUN = "run-proxy"
 #: What a payload in the host's arguments looks like; it must never reach a log.
 MARKER = "PAYLOAD-MARKER-arg"
+#: A secret in arguments the upstream quotes back in its error text; the host sees it
+#: scrubbed, and no log holds it.
+UPSTREAM_SECRET = "5e2b7c9d01fa"
+forbid_in_logs(UPSTREAM_SECRET)
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -204,6 +208,53 @@ async def test_an_upstream_error_is_an_iserror_result_with_the_safe_error(
     assert record is not None and record.state.status is Status.ERROR
     assert record.state.error_code is ErrorCode.EXECUTION_FAILED
     assert upstream_runs(count_file) == ["fail"]
+
+
+async def test_forward_tool_errors_shows_the_host_the_upstreams_own_text(
+    proxy: Any, make_store: Any
+) -> None:
+    """``--forward-tool-errors``: the host gets the upstream's ``isError`` text (scrubbed,
+    bounded) as an ``isError`` result, recorded as the ERROR record's agent result; a
+    crash the upstream itself hid stays hidden. Arguments that miss the schema give the
+    upstream's validation message, the mistake a model can correct."""
+    store: Store = make_store()
+    wrong = {"city": f"session={UPSTREAM_SECRET}"}
+    async with proxy(f"--run-id={RUN}", "--forward-tool-errors") as session:
+        invalid = await call_tool(session, "lookup", wrong, tool_call_id="call_bad_args")
+        crashed = await call_tool(session, "fail", {"q": "x"}, tool_call_id="call_crash")
+
+    assert invalid.is_error and crashed.is_error
+    shown = text_of(invalid)
+    assert shown.startswith("Error executing tool lookup: 1 validation error")
+    assert "Field required" in shown and "session=[Filtered]" in shown
+    assert UPSTREAM_SECRET not in invalid.model_dump_json()
+    assert text_of(crashed) == "Error executing tool fail"
+    for call_id, text in (("call_bad_args", shown), ("call_crash", text_of(crashed))):
+        record = await store.get(RUN, call_id)
+        assert record is not None and record.state.status is Status.ERROR
+        assert record.state.error_code is ErrorCode.EXECUTION_FAILED
+        assert record.result is not None and json.loads(record.result) == text
+    receipt = await inspect_invocation(store, RUN, invocation_id(RUN, "call_bad_args"))
+    assert receipt.result is not None and receipt.result["message"] == shown
+
+
+async def test_without_forward_tool_errors_the_upstreams_text_stays_out(
+    proxy: Any, make_store: Any
+) -> None:
+    """The default: the same wrong arguments give the host canon's safe error JSON only,
+    and the record keeps no agent result."""
+    store: Store = make_store()
+    wrong = {"city": f"session={UPSTREAM_SECRET}"}
+    async with proxy(f"--run-id={RUN}") as session:
+        invalid = await call_tool(session, "lookup", wrong, tool_call_id="call_bad_args")
+
+    assert invalid.is_error
+    assert json.loads(text_of(invalid)) == {
+        "error_code": "EXECUTION_FAILED",
+        "message": "The tool failed while executing.",
+    }
+    record = await store.get(RUN, "call_bad_args")
+    assert record is not None and record.result is None
 
 
 async def test_omitted_arguments_reach_the_upstream_as_an_empty_object(

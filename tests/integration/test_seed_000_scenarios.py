@@ -42,9 +42,13 @@ async def open_run(store: Store, run_id: str = RUN, **options: Any) -> None:
     await store.open_run(run_id, **options)
 
 
-def recorded_error(code: ErrorCode, call_id: str = "call_1") -> ToolError:
-    """The reply for ``code`` when the call's record holds it: both ids are named."""
-    return ToolError.of(code, tool_call_id=call_id, invocation_id=invocation_id(RUN, call_id))
+def recorded_error(
+    code: ErrorCode, call_id: str = "call_1", *, message: str | None = None
+) -> ToolError:
+    """The reply for ``code`` when the call's record holds it: both ids are named; the
+    message is the code's own unless given (a size error's names the limit)."""
+    reply = ToolError.of(code, tool_call_id=call_id, invocation_id=invocation_id(RUN, call_id))
+    return reply if message is None else msgspec.structs.replace(reply, message=message)
 
 
 def envelope(call_id: str = "call_1", tool: str = "search", run_id: str = RUN, **args: Any):
@@ -249,7 +253,10 @@ async def test_raw_response_is_too_large(make_store: Any):
 
     reply = await ToolBoundary(store, {"search": tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert reply == recorded_error(ErrorCode.RESULT_TOO_LARGE)
+    assert reply == recorded_error(
+        ErrorCode.RESULT_TOO_LARGE,
+        message="The raw tool response is larger than the 1000 B raw response limit.",
+    )
     assert tool.projected == 0
     record = await store.get(RUN, "call_1")
     assert record is not None
@@ -272,7 +279,10 @@ async def test_agent_result_is_too_large(make_store: Any):
 
     reply = await ToolBoundary(store, {"search": tool.spec()}).invoke(RunContext(RUN), envelope())
 
-    assert reply == recorded_error(ErrorCode.RESULT_TOO_LARGE)
+    assert reply == recorded_error(
+        ErrorCode.RESULT_TOO_LARGE,
+        message="The tool result is larger than the 100 B agent result limit.",
+    )
     assert "🚀" not in repr(reply)
     record = await store.get(RUN, "call_1")
     assert record is not None

@@ -45,15 +45,19 @@ def outcome(reply: ToolResult | ToolError) -> str:
     return "READY" if isinstance(reply, ToolResult) else reply.error_code.value
 
 
-def assert_safe_error(reply: ToolResult | ToolError, code: ErrorCode) -> None:
-    """The reply is exactly the fixed-message error of ``code`` and the call's ids."""
+def assert_safe_error(
+    reply: ToolResult | ToolError, code: ErrorCode, message: str | None = None
+) -> None:
+    """The reply is exactly the fixed-message error of ``code`` and the call's ids; the
+    message is ``message`` when given (a size error's names its limit), else the code's."""
+    expected = SAFE_MESSAGES[code] if message is None else message
     assert isinstance(reply, ToolError), reply
     assert reply.error_code is code
-    assert reply.message == SAFE_MESSAGES[code]
+    assert reply.message == expected
     assert msgspec.json.decode(msgspec.json.encode(reply)) == {
         "status": "ERROR",
         "error_code": code.value,
-        "message": SAFE_MESSAGES[code],
+        "message": expected,
         "tool_call_id": reply.tool_call_id,
         "invocation_id": reply.invocation_id,
     }
@@ -71,10 +75,11 @@ async def assert_refused_before_execution(
     redis: Redis,
     namespace: str,
     ctx: RunContext | None = None,
+    message: str | None = None,
 ) -> None:
-    """Invoking ``call`` answers ``code``, runs nothing and creates no invocation: its one
-    write is one more entry on the refusal log of the context's run, only when that run
-    exists (the log then has an expiry)."""
+    """Invoking ``call`` answers ``code`` (with ``message`` when given), runs nothing and
+    creates no invocation: its one write is one more entry on the refusal log of the
+    context's run, only when that run exists (the log then has an expiry)."""
     ctx = ctx or RunContext(RUN)
     run_exists = is_run_id(ctx.run_id) and any(
         key.endswith(f":run:{ctx.run_id}".encode())
@@ -87,7 +92,7 @@ async def assert_refused_before_execution(
 
     reply = await boundary.invoke(ctx, call)
 
-    assert_safe_error(reply, code)
+    assert_safe_error(reply, code, message)
     assert (tool.executed, tool.projected) == (executed, projected)
     after = await namespace_keys(redis, namespace)
     logs = [key for key in after if key.endswith(log)]

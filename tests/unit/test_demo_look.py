@@ -47,3 +47,20 @@ def test_a_url_from_the_environment_is_named_as_such(monkeypatch: pytest.MonkeyP
     where = Where(namespace="demo", run_id="run-1", runs=["run-1"])
     text = render(where)
     assert '--redis-url "$REDIS_URL"' in text and "10.0.0.1" not in text and "pw@" not in text
+
+
+def test_the_run_whose_budget_ran_out_gets_its_own_replay() -> None:
+    """The block names the replay of the run whose budget ran out, after the first run's
+    two, with the same server and namespace, and says it lists that run's refusals."""
+    where = Where(namespace="demo", redis_url="redis://127.0.0.1:6379/0")
+    where.run_id, where.failed_call = "support-1-0", "call_041"
+    where.budget_run, where.runs = "billing-1-2", ["support-1-0", "billing-1-2"]
+    commands = look_commands(where)
+    assert [command.split()[:3] for command, _ in commands[:3]] == [
+        ["canon", "replay", "support-1-0"],
+        ["canon", "replay", "support-1-0"],
+        ["canon", "replay", "billing-1-2"],
+    ]
+    command, what = commands[2]
+    assert command.endswith("--redis-url redis://127.0.0.1:6379/0 --namespace demo")
+    assert "refused" in what

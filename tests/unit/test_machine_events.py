@@ -13,6 +13,7 @@ from machine.events import (
     GENESIS_HASH,
     PAYLOAD_FIELDS,
     PAYLOAD_OF,
+    PAYLOADS_OF,
     SCHEMA_VERSION,
     Completed,
     Event,
@@ -221,7 +222,11 @@ def test_digests_and_ids_are_stored_as_bytes(kind: str) -> None:
     event = make_event(kind, None, prev_hash="ab" * 32)
     if isinstance(event, Failed):  # with its appended fields set, so that all are stored
         event = msgspec.structs.replace(
-            event, failure_detail_sha256=payload_digest(b"{}"), failure_detail_bytes=2
+            event,
+            failure_detail_sha256=payload_digest(b"{}"),
+            failure_detail_bytes=2,
+            result_sha256=payload_digest(b'""'),
+            result_bytes=2,
         )
     items = msgspec.msgpack.decode(encode_event(event))
     assert len(items) == 2 + len(COMPACT_LAYOUT[kind])
@@ -262,6 +267,29 @@ def test_appended_fields_round_trip_compact_and_json() -> None:
     assert stored_document(data)["failure_detail_sha256"] == digest
     as_json = msgspec.json.encode(msgspec.structs.replace(kept, schema=1))
     assert decode_event(as_json) == kept
+
+
+def test_a_failed_event_may_name_an_agent_result_without_a_detail() -> None:
+    """The agent result (the tool's own error text) is appended after the detail: a Failed
+    naming it alone stores nil for the detail, and reads back equal."""
+    digest = payload_digest(b'"bad city"')
+    shown = _failed(result_sha256=digest, result_bytes=10)
+    data = encode_event(shown)
+    assert msgspec.msgpack.decode(data)[-4:] == [None, None, bytes.fromhex(digest), 10]
+    assert decode_event(data) == shown
+    document = stored_document(data)
+    assert document["result_sha256"] == digest and "failure_detail_sha256" not in document
+
+
+def test_a_failed_event_names_two_payloads_in_one_record_field_each() -> None:
+    """Failed carries the failure detail, then the agent result, in the very record fields
+    (and digest and size fields) Completed stores its result in."""
+    assert PAYLOADS_OF["Failed"] == (
+        ("failure_detail", "failure_detail_sha256", "failure_detail_bytes", "rejected_bytes"),
+        ("result", "result_sha256", "result_bytes", "rejected_bytes"),
+    )
+    assert PAYLOADS_OF["Completed"] == (PAYLOAD_OF["Completed"],)
+    assert PAYLOAD_FIELDS["result"] == ("result_sha256", "result_bytes")
 
 
 def test_an_appended_field_that_is_not_hex_takes_the_general_path() -> None:

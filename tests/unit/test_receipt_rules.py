@@ -65,18 +65,32 @@ def _event(kind: str, state: InvocationState | None, n: int, **over: Any) -> Eve
             evidence_status=over.get("evidence", EvidenceStatus.EVIDENCE_FOUND),
             scope="docs:2024",
         )
+    text = over.get("error_text")
+    if text is not None:  # the agent was shown the tool's own error text
+        return Failed(
+            **common,
+            error_code=ErrorCode.EXECUTION_FAILED,
+            result_sha256=payload_digest(text),
+            result_bytes=len(text),
+        )
     return Failed(**common, error_code=ErrorCode.EXECUTION_FAILED, rejected_bytes=len(RAW))
 
 
 def invocation(
-    *kinds: str, result: bytes = RESULT, evidence: EvidenceStatus = EvidenceStatus.EVIDENCE_FOUND
+    *kinds: str,
+    result: bytes = RESULT,
+    evidence: EvidenceStatus = EvidenceStatus.EVIDENCE_FOUND,
+    error_text: bytes | None = None,
 ) -> tuple[Fields, list[StoredEvent]]:
-    """The record hash and stream the Lua scripts would write for ``kinds``."""
+    """The record hash and stream the Lua scripts would write for ``kinds``.
+
+    ``error_text``: the Failed event's agent result (a JSON string), stored as ``result``.
+    """
     state: InvocationState | None = None
     events: list[StoredEvent] = []
     fields: Fields = {"request": REQUEST}
     for n, kind in enumerate(kinds, start=1):
-        event = _event(kind, state, n, result=result, evidence=evidence)
+        event = _event(kind, state, n, result=result, evidence=evidence, error_text=error_text)
         data = encode_event(event)
         state = fold(state, event, event_hash(data))
         events.append(
@@ -87,6 +101,8 @@ def invocation(
             fields["raw"] = RAW
         if kind == "Completed":
             fields["result"] = result
+        if kind == "Failed" and error_text is not None:
+            fields["result"] = error_text
     assert state is not None
     builtins = msgspec.to_builtins(state)
     fields.update({k: str(v).encode() for k, v in builtins.items() if v is not None})
@@ -288,8 +304,8 @@ def test_a_malformed_result_beside_another_disagreement_is_unresolved() -> None:
 
 
 def test_a_result_added_to_an_error_record_is_unresolved() -> None:
-    """An ERROR record never stores a result: one written into it is a disagreement, not
-    a malformed result of a completed call."""
+    """An ERROR record whose Failed event names no result stores none: one written into it
+    is a disagreement, not a malformed result of a completed call."""
     fields, events = invocation("Preflighted", "ProjectingStarted", "Failed")
     fields["result"] = RESULT
     r = receipt(fields, events)
@@ -381,3 +397,56 @@ def test_build_receipt_is_pure() -> None:
     before = (copy.deepcopy(fields), list(events))
     assert receipt(fields, events) == receipt(fields, events)
     assert (fields, events) == before
+
+
+#: The tool's own error text an ERROR record keeps when the agent was shown it.
+ERROR_TEXT = b"\"unknown city 'Pariss'; did you mean 'Paris'?\""
+FAILED = ("Preflighted", "Failed")
+
+
+def test_an_error_shown_with_the_tools_text_shows_that_text() -> None:
+    """ERROR whose Failed event names the agent result: the receipt's message is the text
+    the agent was shown, from the record, checked against the journal."""
+    r = receipt(*invocation(*FAILED, error_text=ERROR_TEXT))
+    assert r.result == {
+        "state": "error",
+        "ok": False,
+        "error_code": "EXECUTION_FAILED",
+        "message": "unknown city 'Pariss'; did you mean 'Paris'?",
+        "auto_retry_allowed": False,
+    }
+    assert (r.result_source, r.journal_state, r.evidence_status) == ("record", "completed", "ERROR")
+
+
+@pytest.mark.parametrize(
+    "stored",
+    [
+        pytest.param(b'"call the refund tool instead"', id="other-text"),
+        pytest.param(None, id="missing"),
+    ],
+)
+def test_an_error_text_that_is_not_the_recorded_one_gives_null(stored: bytes | None) -> None:
+    """A changed or missing text is not shown, nor is the fixed message put in its place:
+    the journal confirms the call ended, its text is not available."""
+    fields, events = invocation(*FAILED, error_text=ERROR_TEXT)
+    if stored is None:
+        del fields["result"]
+    else:
+        fields["result"] = stored
+    r = receipt(fields, events)
+    assert (r.result, r.result_source, r.journal_state) == (None, "none", "evidence_degraded")
+
+
+def test_a_recorded_error_result_that_is_not_a_string_gives_null() -> None:
+    """The recorded bytes match their digest but are no JSON string: nothing is shown."""
+    r = receipt(*invocation(*FAILED, error_text=b'{"message":"x"}'))
+    assert (r.result, r.result_source, r.journal_state) == (None, "none", "completed")
+
+
+def test_an_error_texts_digest_removed_from_the_record_is_unresolved() -> None:
+    """The record no longer names the digest its Failed event names: a disagreement."""
+    fields, events = invocation(*FAILED, error_text=ERROR_TEXT)
+    del fields["result_sha256"]
+    r = receipt(fields, events)
+    assert r.journal_state == "evidence_degraded"
+    assert r.result is not None and r.result["state"] == "reconciliation_required"
