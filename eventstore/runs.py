@@ -62,6 +62,8 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     #: Calls that ended ERROR, by error code (empty for a run opened by an earlier
     #: version, which did not count them).
     failed: dict[str, int] = msgspec.field(default_factory=dict)
+    #: The run is paused: none of its calls is recorded or dispatched.
+    paused: bool = False
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -222,6 +224,27 @@ class RunRegistry:
         """Withdraw the run's access token: nothing of the run can be read with it again."""
         return await self._update(run_id, "token_sha256", "revoked")
 
+    async def set_paused(
+        self, run_id: str, paused: bool, *, by: str, reason: str, at_ms: int
+    ) -> bool:
+        """Set the run's pause switch, keeping who set it, when and why.
+
+        Only an existing run hash is written (never created). False when the run is
+        unknown or expired.
+        """
+        word = "paused" if paused else "unpaused"
+        return await self._update(
+            run_id,
+            "paused",
+            int(paused),
+            f"{word}_by",
+            by,
+            f"{word}_reason",
+            reason,
+            f"{word}_at_ms",
+            at_ms,
+        )
+
     async def revoke_tool(self, run_id: str, tool: str) -> bool:
         """Withdraw a tool's authorization from a run (receipts of it become unreadable)."""
         return await self._update(run_id, f"revoked:{tool}", 1)
@@ -255,6 +278,7 @@ class RunRegistry:
             invocations=sum(1 for name in fields if name.startswith("inv:")),
             refused=refused_counts(fields),
             failed=prefixed_counts(fields, FAILED_PREFIX),
+            paused=fields.get("paused") == b"1",
         )
 
     async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:

@@ -37,7 +37,12 @@ from machine.events import (
     GENESIS_HASH,
     PAYLOAD_OF,
     PAYLOADS_OF,
+    ApprovalExpired,
+    ApprovalRequested,
+    Approved,
     Completed,
+    Denied,
+    Dispatched,
     Event,
     Failed,
     Preflighted,
@@ -189,7 +194,7 @@ class Writer:
         """
         # Checked before anything is encoded or sent: an unsafe id is refused, never rewritten.
         keys = self._keys.invocation(run_id, tool_call_id)
-        if isinstance(event, Preflighted) and not is_tool_name(event.tool):
+        if isinstance(event, Preflighted | ApprovalRequested) and not is_tool_name(event.tool):
             raise InvalidArgument("tool name is not allowed")
         encoded = encode_event(event)
         hash_ = event_hash(encoded)
@@ -204,7 +209,7 @@ class Writer:
                 value = payload.get(fields.payload) if fields.payload is not None else None
                 if value is not None:
                     pairs += (fields.payload, value)
-        if isinstance(event, Preflighted):
+        if isinstance(event, Preflighted | ApprovalRequested):
             committed = await self._scripts.create(
                 CreateScript.arguments(
                     CreateKeys(
@@ -225,6 +230,7 @@ class Writer:
                         prev_hash=event.prev_hash,
                         refusals_kept=self._refusals_kept,
                         log_refusals=log_refusals,
+                        event_type=kind,
                     ),
                     group_args=pairs,
                 )
@@ -232,7 +238,9 @@ class Writer:
         else:
             committed = await self._scripts.append(
                 AppendScript.arguments(
-                    AppendKeys(keys.record, keys.stream, keys.feed, keys.progress, keys.run),
+                    AppendKeys(
+                        keys.record, keys.stream, keys.feed, keys.progress, keys.run, keys.control
+                    ),
                     AppendArgv(
                         event_type=kind,
                         version=event.version,
@@ -269,6 +277,105 @@ class Writer:
         """
         event = preflighted(run_id, tool_call_id, tool, request)
         return await self.append(event, request, run_id=run_id, tool_call_id=tool_call_id)
+
+    async def request_approval(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        tool: str,
+        request: bytes,
+        *,
+        approval_id: str,
+        approval_expires_at_ms: int,
+    ) -> Head:
+        """Create a governed call: ApprovalRequested with the complete request, frozen.
+
+        The record waits in AWAITING_APPROVAL (status PROJECTING); the tool has not run.
+        The same preflight as :meth:`create` (run, budgets, duplicate, pauses) decides in
+        the same script.
+
+        Raises:
+            InvalidArgument: an unsafe run id or tool call id, or a tool name that is not
+                allowed; nothing is sent and nothing is created.
+            Refused: with a preflight code (RUN_INACTIVE, RUN_PAUSED, DUPLICATE_TOOL_CALL...).
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        event = ApprovalRequested(
+            event_id=new_event_id(),
+            version=1,
+            at_ms=now_ms(),
+            prev_hash=GENESIS_HASH,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=tool,
+            request_sha256=payload_digest(request),
+            request_bytes=len(request),
+            approval_id=approval_id,
+            approval_expires_at_ms=approval_expires_at_ms,
+        )
+        return await self.append(event, request, run_id=run_id, tool_call_id=tool_call_id)
+
+    async def approve(self, head: Head, decided_by: str, reason: str, decision_id: str) -> Head:
+        """Approve a call awaiting approval (Approved): it may now be dispatched once.
+
+        Raises:
+            Refused: ILLEGAL_TRANSITION (not awaiting approval), VERSION_CONFLICT (another
+                decision came first), APPROVAL_EXPIRED (past the approval's expiry).
+            RecordExpired, StoreUnavailable: as for any append.
+
+        """
+        event = Approved(
+            **_next_event(head),
+            decided_by=decided_by,
+            decision_reason=reason,
+            decision_id=decision_id,
+        )
+        return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
+
+    async def deny(self, head: Head, decided_by: str, reason: str, decision_id: str) -> Head:
+        """Deny a call awaiting approval (Denied): ERROR APPROVAL_DENIED, never dispatched.
+
+        Raises:
+            Refused: ILLEGAL_TRANSITION (not awaiting approval), VERSION_CONFLICT (another
+                decision came first).
+            RecordExpired, StoreUnavailable: as for any append.
+
+        """
+        event = Denied(
+            **_next_event(head),
+            decided_by=decided_by,
+            decision_reason=reason,
+            decision_id=decision_id,
+            error_code=ErrorCode.APPROVAL_DENIED,
+        )
+        return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
+
+    async def expire_approval(self, head: Head) -> Head:
+        """Record that an undispatched call's approval expired: ERROR APPROVAL_EXPIRED.
+
+        Raises:
+            Refused: ILLEGAL_TRANSITION (decided or dispatched), VERSION_CONFLICT.
+            RecordExpired, StoreUnavailable: as for any append.
+
+        """
+        event = ApprovalExpired(**_next_event(head), error_code=ErrorCode.APPROVAL_EXPIRED)
+        return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
+
+    async def dispatch(self, head: Head, request_sha256: str) -> Head:
+        """Take an approved call's one dispatch permit (Dispatched): it is attempted now.
+
+        ``request_sha256`` is the digest of the request as read back before the tool runs.
+
+        Raises:
+            Refused: ILLEGAL_TRANSITION (not approved, or dispatched already),
+                VERSION_CONFLICT (another resumer took it first), APPROVAL_EXPIRED,
+                EXECUTION_PAUSED or RUN_PAUSED.
+            RecordExpired, StoreUnavailable: as for any append.
+
+        """
+        event = Dispatched(**_next_event(head), dispatched_request_sha256=request_sha256)
+        return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
 
     async def record_refusal(
         self, run_id: str, tool: object, tool_call_id: object, code: ErrorCode

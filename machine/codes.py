@@ -20,6 +20,10 @@ class Stage(StrEnum):
     """
 
     NEW = "NEW"
+    #: A governed call, recorded with its frozen request, waiting for an operator.
+    AWAITING_APPROVAL = "AWAITING_APPROVAL"
+    #: An operator approved it; it runs when it is resumed (one dispatch).
+    APPROVED = "APPROVED"
     EXECUTING = "EXECUTING"
     PROJECTING = "PROJECTING"
     READY = "READY"
@@ -66,6 +70,12 @@ class ErrorCode(StrEnum):
     SERIALIZATION_FAILED = "SERIALIZATION_FAILED"
     #: The caller cancelled the call, or the process was asked to exit, while it ran.
     CALLER_CANCELLED = "CALLER_CANCELLED"
+    # A governed call: never dispatched.
+    APPROVAL_DENIED = "APPROVAL_DENIED"
+    APPROVAL_EXPIRED = "APPROVAL_EXPIRED"
+    #: The run is paused: no call is recorded and no approved call dispatched until it
+    #: is unpaused.
+    RUN_PAUSED = "RUN_PAUSED"
 
 
 #: One fixed message per code. These are the only words an agent ever reads about a failure,
@@ -95,6 +105,9 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.STORE_UNAVAILABLE: "The invocation store is unavailable.",
     ErrorCode.SERIALIZATION_FAILED: "The tool result could not be serialized.",
     ErrorCode.CALLER_CANCELLED: "The tool call was cancelled before it finished.",
+    ErrorCode.APPROVAL_DENIED: "The tool call was denied by an operator and did not run.",
+    ErrorCode.APPROVAL_EXPIRED: "The tool call was not approved in time and did not run.",
+    ErrorCode.RUN_PAUSED: "Tool execution is paused for this run.",
 }
 
 #: Codes that refuse a call before any record exists.
@@ -110,6 +123,7 @@ PREFLIGHT_CODES: frozenset[ErrorCode] = frozenset(
         ErrorCode.RUN_INACTIVE,
         ErrorCode.RUN_DEADLINE_EXPIRED,
         ErrorCode.EXECUTION_PAUSED,
+        ErrorCode.RUN_PAUSED,
         ErrorCode.DUPLICATE_TOOL_CALL,
         ErrorCode.TOOL_BUDGET_EXHAUSTED,
         ErrorCode.RUN_BUDGET_EXHAUSTED,

@@ -32,7 +32,17 @@ from machine.codes import EvidenceStatus, Status
 from machine.upcasting import JSONObject, UpcastError
 
 #: Permanent code of each event type (compact events and feed entries).
-TYPE_CODES: Final = {"Preflighted": 1, "ProjectingStarted": 2, "Completed": 3, "Failed": 4}
+TYPE_CODES: Final = {
+    "Preflighted": 1,
+    "ProjectingStarted": 2,
+    "Completed": 3,
+    "Failed": 4,
+    "ApprovalRequested": 5,
+    "Approved": 6,
+    "Denied": 7,
+    "ApprovalExpired": 8,
+    "Dispatched": 9,
+}
 
 #: Permanent code of each public status (feed entries).
 STATUS_CODES: Final = {Status.PROJECTING: 1, Status.READY: 2, Status.ERROR: 3}

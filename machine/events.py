@@ -1,4 +1,9 @@
-"""The four invocation events: frozen, tagged msgspec Structs and their one stored encoding.
+"""The invocation events: frozen, tagged msgspec Structs and their one stored encoding.
+
+Every call has ``Preflighted``, ``ProjectingStarted``, ``Completed`` and ``Failed``; a
+governed call (a side-effecting tool that needs an operator's approval) starts with
+``ApprovalRequested`` instead of ``Preflighted`` and has ``Approved``, ``Denied``,
+``ApprovalExpired`` and ``Dispatched`` (its one dispatch permit) before the rest.
 
 Events carry digests and UTF-8 sizes of payloads, never payload bytes; the canonical
 record is the one place that holds the bytes. Each event names the hash of the event
@@ -113,12 +118,88 @@ class Failed(_Event, frozen=True, tag="Failed"):
     result_bytes: Annotated[int | UnsetType, Size("result")] = UNSET
 
 
-Event = Preflighted | ProjectingStarted | Completed | Failed
+class ApprovalRequested(_Event, frozen=True, tag="ApprovalRequested"):
+    """A governed call passed preflight: its record is created, its request frozen.
+
+    It waits for an operator's decision; the tool has not run.
+
+    ``approval_id`` names this approval wherever it is shown; ``approval_expires_at_ms``
+    is when it expires undecided (never past the record's expiry).
+    """
+
+    run_id: str
+    tool_call_id: str
+    tool: str
+    request_sha256: Annotated[Hex, Digest("request")]
+    request_bytes: Annotated[int, Size("request")]
+    approval_id: str
+    approval_expires_at_ms: int
+
+
+class Approved(_Event, frozen=True, tag="Approved"):
+    """An operator approved the call: it may be dispatched once, with its frozen request.
+
+    ``decision_id`` is the decision's own id (one decision may cover several calls).
+    """
+
+    decided_by: str
+    decision_reason: str
+    decision_id: str
+
+
+class Denied(_Event, frozen=True, tag="Denied"):
+    """An operator denied the call: it ends ERROR (APPROVAL_DENIED) and never runs."""
+
+    decided_by: str
+    decision_reason: str
+    decision_id: str
+    error_code: ErrorCode
+
+
+class ApprovalExpired(_Event, frozen=True, tag="ApprovalExpired"):
+    """The approval expired before the call was dispatched: ERROR (APPROVAL_EXPIRED)."""
+
+    error_code: ErrorCode
+
+
+class Dispatched(_Event, frozen=True, tag="Dispatched"):
+    """The one dispatch permit of an approved call: from here on it was attempted.
+
+    ``dispatched_request_sha256`` is the digest of the request as read back from the
+    record before the tool ran, checked against the approved one.
+    """
+
+    dispatched_request_sha256: Hex
+
+
+Event = (
+    Preflighted
+    | ProjectingStarted
+    | Completed
+    | Failed
+    | ApprovalRequested
+    | Approved
+    | Denied
+    | ApprovalExpired
+    | Dispatched
+)
 
 #: Fields every event carries (its identity, place in the chain and schema), not its type's.
 COMMON_FIELDS: Final = frozenset(_Event.__struct_fields__)
-#: The event Structs in lifecycle order.
-EVENT_CLASSES: Final = (Preflighted, ProjectingStarted, Completed, Failed)
+#: The event Structs in lifecycle order (the governed call's after the four of every call).
+EVENT_CLASSES: Final = (
+    Preflighted,
+    ProjectingStarted,
+    Completed,
+    Failed,
+    ApprovalRequested,
+    Approved,
+    Denied,
+    ApprovalExpired,
+    Dispatched,
+)
+#: The event types that create a record.
+CREATING_EVENTS: Final = frozenset({"Preflighted", "ApprovalRequested"})
 #: Event type names (the permanent tags), in lifecycle order.
 EVENT_TYPES: Final = tuple(str(event.__struct_config__.tag) for event in EVENT_CLASSES)
 

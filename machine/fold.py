@@ -16,8 +16,10 @@ from machine.codes import ErrorCode, EvidenceStatus, Stage, Status
 from machine.errors import CanonError
 from machine.events import (
     COMMON_FIELDS,
+    CREATING_EVENTS,
     EVENT_CLASSES,
     GENESIS_HASH,
+    ApprovalRequested,
     Completed,
     Event,
     Preflighted,
@@ -85,6 +87,12 @@ class InvocationState(msgspec.Struct, kw_only=True):
     rejected_bytes: int | None = None
     failure_detail_sha256: str | None = None
     failure_detail_bytes: int | None = None
+    approval_id: str | None = None
+    approval_expires_at_ms: int | None = None
+    decided_by: str | None = None
+    decision_reason: str | None = None
+    decision_id: str | None = None
+    dispatched_request_sha256: str | None = None
 
 
 #: Record fields owned by the lifecycle; an event's own fields may never overwrite them.
@@ -113,7 +121,8 @@ _FIELD_TEMPLATE: Final = """    value = event.{name}
 
 
 def _pairs_function(event_class: type[Event]) -> Callable[[Event], list[str]]:
-    first = '["created_at_ms", str(event.at_ms)]' if event_class is Preflighted else "[]"
+    creating = event_class.__struct_config__.tag in CREATING_EVENTS
+    first = '["created_at_ms", str(event.at_ms)]' if creating else "[]"
     fields = "".join(_FIELD_TEMPLATE.format(name=name) for name in _RECORD_FIELDS[event_class])
     scope: dict[str, Any] = {"UNSET": UNSET}
     exec(_PAIRS_TEMPLATE.format(first=first, fields=fields), scope)  # noqa: S102 - our own template
@@ -180,7 +189,8 @@ def fold(state: InvocationState | None, event: Event, hash_: str | None = None) 
         "updated_at_ms": event.at_ms,
     }
     if state is None:
-        assert isinstance(event, Preflighted)  # the table allows nothing else from NEW
+        # The table allows only a creating event from NEW.
+        assert isinstance(event, Preflighted | ApprovalRequested)
         merged: dict[str, object] = {}
     else:
         merged = msgspec.structs.asdict(state)

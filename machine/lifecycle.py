@@ -15,6 +15,20 @@ from machine.compact import STATUS_CODES, TYPE_CODES
 
 _TRANSITIONS: Final[list[dict[str, Any]]] = [
     {"trigger": "Preflighted", "source": Stage.NEW.value, "dest": Stage.EXECUTING.value},
+    # A governed call: recorded frozen, decided by an operator, dispatched once.
+    {
+        "trigger": "ApprovalRequested",
+        "source": Stage.NEW.value,
+        "dest": Stage.AWAITING_APPROVAL.value,
+    },
+    {"trigger": "Approved", "source": Stage.AWAITING_APPROVAL.value, "dest": Stage.APPROVED.value},
+    {"trigger": "Denied", "source": Stage.AWAITING_APPROVAL.value, "dest": Stage.ERROR.value},
+    {
+        "trigger": "ApprovalExpired",
+        "source": [Stage.AWAITING_APPROVAL.value, Stage.APPROVED.value],
+        "dest": Stage.ERROR.value,
+    },
+    {"trigger": "Dispatched", "source": Stage.APPROVED.value, "dest": Stage.EXECUTING.value},
     {
         "trigger": "ProjectingStarted",
         "source": Stage.EXECUTING.value,
@@ -54,6 +68,8 @@ TRANSITIONS: Final[dict[tuple[Stage, str], Stage]] = _table(MACHINE)
 
 #: Public status shown for each machine stage.
 STATUS_OF: Final[dict[Stage, Status]] = {
+    Stage.AWAITING_APPROVAL: Status.PROJECTING,
+    Stage.APPROVED: Status.PROJECTING,
     Stage.EXECUTING: Status.PROJECTING,
     Stage.PROJECTING: Status.PROJECTING,
     Stage.READY: Status.READY,
@@ -62,6 +78,8 @@ STATUS_OF: Final[dict[Stage, Status]] = {
 
 #: Evidence statuses a record may hold in each stage.
 EVIDENCE_ALLOWED: Final[dict[Stage, frozenset[EvidenceStatus]]] = {
+    Stage.AWAITING_APPROVAL: frozenset({EvidenceStatus.PENDING}),
+    Stage.APPROVED: frozenset({EvidenceStatus.PENDING}),
     Stage.EXECUTING: frozenset({EvidenceStatus.PENDING}),
     Stage.PROJECTING: frozenset({EvidenceStatus.PENDING}),
     Stage.READY: frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE}),
@@ -136,15 +154,16 @@ def lua_first_event() -> str:
     """Render what the creating event leads to as Lua constants, for the creating script.
 
     The stage after ``Preflighted`` from NEW, its public status, and the feed codes of
-    that event type and that status: the one transition a creation makes, so the script
-    needs no lookup at all.
+    that event type and that status: the transition nearly every creation makes, so the
+    script needs no lookup for it (a governed call's ``ApprovalRequested`` looks its
+    stage up in the table).
     """
-    ((trigger, dest),) = [
-        (kind, dest) for (src, kind), dest in TRANSITIONS.items() if src is Stage.NEW
-    ]
+    trigger = "Preflighted"
+    dest = TRANSITIONS[(Stage.NEW, trigger)]
     status = STATUS_OF[dest]
     return "\n".join(
         [
+            f'local FIRST_TYPE = "{trigger}"',
             f'local FIRST_STAGE = "{dest.value}"',
             f'local FIRST_STATUS = "{status.value}"',
             f'local FIRST_TYPE_CODE = "{TYPE_CODES[trigger]}"',

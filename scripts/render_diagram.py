@@ -23,9 +23,12 @@ _HEADER = """\
 
 The one definition of the lifecycle is the `transitions` machine in
 `machine/lifecycle.py`; the pure fold, the Lua functions of the Redis scripts and this
-diagram are all generated from it. Readers see the public status: `EXECUTING` and
-`PROJECTING` both show as `PROJECTING`; `READY` and `ERROR` are terminal, and every
-event after them is refused.
+diagram are all generated from it. Readers see the public status: every stage before the
+end (`AWAITING_APPROVAL`, `APPROVED`, `EXECUTING`, `PROJECTING`) shows as `PROJECTING`;
+`READY` and `ERROR` are terminal, and every event after them is refused. A call of a
+read-only tool starts with `Preflighted`; a governed call (a side-effecting tool that
+needs an operator's approval) starts with `ApprovalRequested`, and only its `Dispatched`
+event, the one dispatch permit, leads to `EXECUTING`.
 
 """
 

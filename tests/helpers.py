@@ -16,7 +16,12 @@ from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus, Stage
 from machine.events import (
     GENESIS_HASH,
+    ApprovalExpired,
+    ApprovalRequested,
+    Approved,
     Completed,
+    Denied,
+    Dispatched,
     Event,
     Failed,
     Preflighted,
@@ -34,9 +39,13 @@ RAW = b'{"raw":"response-bytes"}'
 RESULT = b'{"result":"agent-bytes"}'
 PAYLOADS: dict[str, bytes] = {
     "Preflighted": REQUEST,
+    "ApprovalRequested": REQUEST,
     "ProjectingStarted": RAW,
     "Completed": RESULT,
 }
+
+#: An approval expiry no test reaches (2100-01-01).
+APPROVAL_FAR_AHEAD_MS = 4_102_444_800_000
 
 #: Event types on the way from NEW into each stage.
 PATH_TO: dict[Stage, tuple[str, ...]] = {
@@ -45,6 +54,8 @@ PATH_TO: dict[Stage, tuple[str, ...]] = {
     Stage.PROJECTING: ("Preflighted", "ProjectingStarted"),
     Stage.READY: ("Preflighted", "ProjectingStarted", "Completed"),
     Stage.ERROR: ("Preflighted", "Failed"),
+    Stage.AWAITING_APPROVAL: ("ApprovalRequested",),
+    Stage.APPROVED: ("ApprovalRequested", "Approved"),
 }
 
 
@@ -93,6 +104,28 @@ def make_event(
         )
     if kind == "Failed":
         return Failed(**common, error_code=ErrorCode.EXECUTION_FAILED, rejected_bytes=7)
+    if kind == "ApprovalRequested":
+        return ApprovalRequested(
+            **common,
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            tool=TOOL,
+            request_sha256=payload_digest(payload),
+            request_bytes=len(payload),
+            approval_id="a" * 32,
+            # Far ahead of any server's clock: whether the scripts take a decision or a
+            # permit in time is tested on its own, not with the table.
+            approval_expires_at_ms=APPROVAL_FAR_AHEAD_MS,
+        )
+    decision = {"decided_by": "ops@example", "decision_reason": "ok", "decision_id": "d" * 32}
+    if kind == "Approved":
+        return Approved(**common, **decision)
+    if kind == "Denied":
+        return Denied(**common, **decision, error_code=ErrorCode.APPROVAL_DENIED)
+    if kind == "ApprovalExpired":
+        return ApprovalExpired(**common, error_code=ErrorCode.APPROVAL_EXPIRED)
+    if kind == "Dispatched":
+        return Dispatched(**common, dispatched_request_sha256=payload_digest(REQUEST))
     raise ValueError(kind)
 
 

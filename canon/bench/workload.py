@@ -224,6 +224,7 @@ class FloorArgs:
                 prev_hash=GENESIS_HASH,
                 refusals_kept=REFUSALS_KEPT,
                 log_refusals="all",
+                event_type="Preflighted",
             ),
             group_args=fields,
         )
@@ -240,6 +241,7 @@ class FloorArgs:
                 feed=k.feed_of(run_id),
                 progress=k.progress(run_id),
                 run=k.run(run_id),
+                control=k.control_of(run_id),
             ),
             AppendArgv(
                 event_type=event_type(event),

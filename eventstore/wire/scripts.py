@@ -182,6 +182,7 @@ class CreateArgv(NamedTuple):
     prev_hash: str
     refusals_kept: int
     log_refusals: RefusalLogging
+    event_type: str
 
 
 class CreateScript(LuaScript[CreateKeys, CreateArgv]):
@@ -210,6 +211,7 @@ class AppendKeys(NamedTuple):
     feed: str
     progress: str
     run: str
+    control: str
 
 
 class AppendArgv(NamedTuple):

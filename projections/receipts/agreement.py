@@ -39,39 +39,36 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Final
 
-from msgspec import UnsetType
+from msgspec import UNSET, UnsetType
 
 from eventstore.reader import StoredEvent
-from machine.codes import Stage, Status
+from machine.codes import Status
 from machine.events import (
+    EVENT_CLASSES,
     EVENT_TYPES,
+    ApprovalExpired,
     Completed,
+    Denied,
     Event,
     Failed,
-    Preflighted,
-    ProjectingStarted,
     payload_digest,
 )
+from machine.lifecycle import STATUS_OF, TRANSITIONS
 
 #: Events a stream may hold at most; a read of the stream asks for one more, so a longer
 #: (tampered) stream shows as too long without being read whole.
 MAX_EVENTS: Final = len(EVENT_TYPES)
 STREAM_READ_COUNT: Final = MAX_EVENTS + 1
 
-#: The event type each stage is reached by.
 _STATUS_VALUES: Final = frozenset(status.value for status in Status)
 #: The public status each stage shows (``NEW`` is never stored).
-_STATUS_OF: Final = {
-    Stage.EXECUTING.value: Status.PROJECTING.value,
-    Stage.PROJECTING.value: Status.PROJECTING.value,
-    Stage.READY.value: Status.READY.value,
-    Stage.ERROR.value: Status.ERROR.value,
-}
-_LAST_EVENT: Final[dict[str, type[Event]]] = {
-    Stage.EXECUTING.value: Preflighted,
-    Stage.PROJECTING.value: ProjectingStarted,
-    Stage.READY.value: Completed,
-    Stage.ERROR.value: Failed,
+_STATUS_OF: Final = {stage.value: status.value for stage, status in STATUS_OF.items()}
+_CLASS_OF: Final = {str(cls.__struct_config__.tag): cls for cls in EVENT_CLASSES}
+#: The event types each stage is reached by (EXECUTING: Preflighted, or a governed call's
+#: Dispatched; ERROR: Failed, Denied or ApprovalExpired).
+_LAST_EVENT: Final[dict[str, tuple[type[Event], ...]]] = {
+    stage.value: tuple(_CLASS_OF[kind] for (_, kind), dest in TRANSITIONS.items() if dest is stage)
+    for stage in STATUS_OF
 }
 
 
@@ -120,6 +117,11 @@ def _outcome_disagreement(
         return _result_disagreement(
             fields, event.result_sha256, event.result_bytes, stored_result=stored_result
         )
+    if isinstance(event, Denied | ApprovalExpired):
+        # Refused before its dispatch: the code it names, and no result.
+        if _text(fields, "error_code") != event.error_code.value:
+            return "outcome_mismatch"
+        return _result_disagreement(fields, UNSET, UNSET, stored_result=stored_result)
     return None
 
 

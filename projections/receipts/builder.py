@@ -14,11 +14,12 @@ from functools import lru_cache
 from typing import Any, Final
 
 import msgspec
+from msgspec import UNSET, UnsetType
 
 from eventstore.errors import InvalidArgument
 from eventstore.reader import InvocationRecord, StoredEvent
-from machine.codes import SAFE_MESSAGES, EvidenceStatus, Status
-from machine.events import Preflighted, payload_digest
+from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus, Stage, Status
+from machine.events import ApprovalRequested, Preflighted, payload_digest
 from machine.fold import InvocationState
 from machine.ids import invocation_id as invocation_id_of
 from machine.limits import Limits
@@ -38,6 +39,8 @@ RECONCILIATION_TEXT: Final = (
     "The invocation's journal does not confirm a completed outcome. "
     "Inspect the original invocation; do not repeat the call."
 )
+#: The one text of a governed call's saved result before its dispatch.
+AWAITING_APPROVAL_TEXT: Final = "The governed tool invocation is awaiting approval."
 
 
 class ResultSource(StrEnum):
@@ -57,9 +60,16 @@ class DispatchState(StrEnum):
 
 
 class Approval(msgspec.Struct, frozen=True):
-    """Approval observation; this store has no approvals, so it is always ``none``."""
+    """The approval observation of a receipt.
+
+    ``none`` for a call that needed none, else ``pending``, ``approved`` or ``denied`` (an
+    approval that expired undecided reads ``denied``: the call was refused before
+    dispatch) with its ``approval_id``. Approved is not succeeded: the result and
+    ``dispatch_state`` say what happened since.
+    """
 
     status: str = "none"
+    approval_id: str | UnsetType = UNSET
 
 
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
@@ -121,7 +131,7 @@ def _coordinates(view: RecordView | None, events: Sequence[StoredEvent]) -> tupl
         )
         return run_id, tool_call_id, tool
     first = events[0].event if events else None
-    if isinstance(first, Preflighted):
+    if isinstance(first, Preflighted | ApprovalRequested):
         return first.run_id, first.tool_call_id, first.tool
     raise InvalidArgument("neither the record nor the journal names the invocation")
 
@@ -137,6 +147,32 @@ def _agent_result(view: RecordView, state: InvocationState, limit_bytes: int) ->
         return True, msgspec.json.decode(payload)
     except msgspec.DecodeError:
         return False, None
+
+
+def approval_of(state: InvocationState | None) -> Approval:
+    """The approval a record's state shows (``none`` for a call that needed none)."""
+    if state is None or state.approval_id is None:
+        return Approval()
+    if state.stage is Stage.AWAITING_APPROVAL:
+        status = "pending"
+    elif state.error_code is ErrorCode.APPROVAL_DENIED or (
+        state.error_code is ErrorCode.APPROVAL_EXPIRED and state.decided_by is None
+    ):
+        status = "denied"
+    else:
+        status = "approved"
+    return Approval(status=status, approval_id=state.approval_id)
+
+
+def _awaiting(state: InvocationState) -> dict[str, Any]:
+    """The saved result of a governed call not yet dispatched (approved or not)."""
+    return {
+        "state": "awaiting_approval",
+        "ok": False,
+        "auto_retry_allowed": False,
+        "text": AWAITING_APPROVAL_TEXT,
+        "approval_id": state.approval_id,
+    }
 
 
 def _reconciliation() -> dict[str, Any]:
@@ -244,6 +280,13 @@ def build_receipt(
         assert view is not None and view.state is not None
         result, source = _completed_result(view, view.state, result_limit_bytes)
         evidence = view.state.evidence_status
+    elif (
+        journal is JournalState.ABSENT
+        and view is not None
+        and view.state is not None
+        and view.state.stage in (Stage.AWAITING_APPROVAL, Stage.APPROVED)
+    ):
+        result, source = _awaiting(view.state), ResultSource.RECORD
     elif _only_the_stored_result_disagrees(view, events, journal, observed_at_ms):
         # The journal confirms the call completed; the bytes stored as its result are not
         # the ones it names, and it holds only their digest: no result, not a guess (nor,
@@ -251,8 +294,16 @@ def build_receipt(
         result, source = None, ResultSource.NONE
     else:
         result, source = _reconciliation(), ResultSource.JOURNAL
+    state = view.state if view is not None else None
     if journal is JournalState.UNKNOWN or view is None or not events:
         dispatch = DispatchState.UNKNOWN
+    elif state is not None and state.approval_id is not None:
+        # A governed call ran only from its one dispatch permit on.
+        dispatch = (
+            DispatchState.ATTEMPTED
+            if state.dispatched_request_sha256 is not None
+            else DispatchState.NOT_DISPATCHED
+        )
     else:
         # A record exists only once preflight passed, so the executor may have run.
         dispatch = DispatchState.ATTEMPTED
@@ -265,6 +316,7 @@ def build_receipt(
         result=result,
         result_source=source,
         dispatch_state=dispatch,
+        approval=approval_of(state),
         journal_state=journal,
         evidence_status=evidence,
         expires_at=iso_ms(view.expires_at_ms)

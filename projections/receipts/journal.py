@@ -152,7 +152,8 @@ def journal_state(
     record that disagrees with its journal's end (:func:`disagreement`), a broken
     chain, an illegal step, a record field the fold does not produce, or a stored result
     whose digest or size is not the recorded one (``evidence_degraded``); a terminal
-    record (``completed``); a non-terminal record unchanged for longer than
+    record (``completed``); a governed call not yet dispatched (``absent``: awaiting its
+    decision, or approved and not resumed); a non-terminal record unchanged for longer than
     ``stale_after_ms`` (``uncertain``); ``dispatching`` while executing;
     ``response_recorded`` once the raw response is stored.
     """
@@ -171,6 +172,10 @@ def journal_state(
     state = record.state
     if state.stage in TERMINAL:
         return JournalState.COMPLETED
+    if state.stage in (Stage.AWAITING_APPROVAL, Stage.APPROVED):
+        # A governed call before its dispatch permit: nothing was dispatched, so there is
+        # no dispatch to journal yet, however long it waits for its operator or its resume.
+        return JournalState.ABSENT
     if observed_at_ms - state.updated_at_ms > stale_after_ms:
         return JournalState.UNCERTAIN
     if state.stage is Stage.EXECUTING:

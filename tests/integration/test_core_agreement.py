@@ -12,9 +12,9 @@ from hypothesis import strategies as st
 
 from eventstore.errors import RecordExpired, Refused
 from eventstore.store import Store
-from eventstore.writer import Head
+from eventstore.writer import Head, now_ms
 from machine.codes import ErrorCode, EvidenceStatus, Stage
-from machine.events import EVENT_TYPES, Event, Preflighted, event_type
+from machine.events import CREATING_EVENTS, EVENT_TYPES, Event, event_type
 from machine.fold import (
     ChainBroken,
     FoldError,
@@ -55,9 +55,10 @@ def expected_lua_code(state: InvocationState | None, event: Event, error: FoldEr
     Creating an invocation that exists is a duplicate call, and updating one that does
     not exist finds no record; otherwise the reason is the fold's own.
     """
-    if state is not None and isinstance(event, Preflighted):
+    creating = event_type(event) in CREATING_EVENTS
+    if state is not None and creating:
         return ErrorCode.DUPLICATE_TOOL_CALL.value
-    if state is None and not isinstance(event, Preflighted):
+    if state is None and not creating:
         return ErrorCode.RECORD_EXPIRED.value
     return _LUA_CODE[type(error)]
 
@@ -83,6 +84,18 @@ async def drive(store: Store, tool_call_id: str, stage: Stage) -> None:
     if stage is Stage.NEW:
         return
     writer = store.writer
+    if stage in (Stage.AWAITING_APPROVAL, Stage.APPROVED):
+        head = await writer.request_approval(
+            RUN,
+            tool_call_id,
+            TOOL,
+            REQUEST,
+            approval_id="a" * 32,
+            approval_expires_at_ms=now_ms() + 60_000,
+        )
+        if stage is Stage.APPROVED:
+            await writer.approve(head, "ops", "ok", "d" * 32)
+        return
     head = await writer.create(RUN, tool_call_id, TOOL, REQUEST)
     if stage is Stage.ERROR:
         await writer.fail(head, ErrorCode.EXECUTION_FAILED)
@@ -112,7 +125,7 @@ async def apply_both(
         assert isinstance(outcome, Refused), f"Lua accepted what the fold refused: {expected!r}"
         assert outcome.code == expected_lua_code(state, event, expected)
         assert isinstance(outcome, RecordExpired) == (outcome.code == "RECORD_EXPIRED")
-        if state is not None and not isinstance(event, Preflighted):
+        if state is not None and event_type(event) not in CREATING_EVENTS:
             assert outcome.current_version == state.version
         assert after == state, "a refused event changed the record"
         return state

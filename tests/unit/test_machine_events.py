@@ -15,7 +15,12 @@ from machine.events import (
     PAYLOAD_OF,
     PAYLOADS_OF,
     SCHEMA_VERSION,
+    ApprovalExpired,
+    ApprovalRequested,
+    Approved,
     Completed,
+    Denied,
+    Dispatched,
     Event,
     Failed,
     Preflighted,
@@ -34,7 +39,14 @@ _CLASSES = {
     "ProjectingStarted": ProjectingStarted,
     "Completed": Completed,
     "Failed": Failed,
+    "ApprovalRequested": ApprovalRequested,
+    "Approved": Approved,
+    "Denied": Denied,
+    "ApprovalExpired": ApprovalExpired,
+    "Dispatched": Dispatched,
 }
+#: The event types stored as JSON before schema 2 (the governed call's came after).
+_SCHEMA_1_TYPES = ("Preflighted", "ProjectingStarted", "Completed", "Failed")
 
 
 @pytest.mark.parametrize("kind", EVENT_TYPES)
@@ -104,7 +116,17 @@ def test_enum_fields_are_stored_as_their_values() -> None:
 
 def test_code_tables_are_permanent() -> None:
     """Type and evidence codes never change: stored events are read by them."""
-    assert TYPE_CODES == {"Preflighted": 1, "ProjectingStarted": 2, "Completed": 3, "Failed": 4}
+    assert TYPE_CODES == {
+        "Preflighted": 1,
+        "ProjectingStarted": 2,
+        "Completed": 3,
+        "Failed": 4,
+        "ApprovalRequested": 5,
+        "Approved": 6,
+        "Denied": 7,
+        "ApprovalExpired": 8,
+        "Dispatched": 9,
+    }
     assert {status.value: code for status, code in EVIDENCE_CODES.items()} == {
         "PENDING": 0,
         "EVIDENCE_FOUND": 1,
@@ -158,7 +180,7 @@ def test_hex_is_stored_as_bytes_and_genesis_as_nothing() -> None:
 
 def test_schema1_json_events_still_decode() -> None:
     """Events stored as JSON before schema 2 decode to the equal current event."""
-    for kind in EVENT_TYPES:
+    for kind in _SCHEMA_1_TYPES:
         event = make_event(kind, None)
         stored = msgspec.json.encode(msgspec.structs.replace(event, schema=1))
         assert b'"schema":1' in stored and not is_compact(stored)

@@ -25,6 +25,13 @@ _DESIGN = {
     (Stage.PROJECTING, "Completed"): Stage.READY,
     (Stage.EXECUTING, "Failed"): Stage.ERROR,
     (Stage.PROJECTING, "Failed"): Stage.ERROR,
+    # A governed call.
+    (Stage.NEW, "ApprovalRequested"): Stage.AWAITING_APPROVAL,
+    (Stage.AWAITING_APPROVAL, "Approved"): Stage.APPROVED,
+    (Stage.AWAITING_APPROVAL, "Denied"): Stage.ERROR,
+    (Stage.AWAITING_APPROVAL, "ApprovalExpired"): Stage.ERROR,
+    (Stage.APPROVED, "ApprovalExpired"): Stage.ERROR,
+    (Stage.APPROVED, "Dispatched"): Stage.EXECUTING,
 }
 
 
@@ -40,7 +47,8 @@ def test_table_is_generated_from_the_machine() -> None:
 
 
 def test_table_matches_the_design_lifecycle() -> None:
-    """The lifecycle is the one in the design: five legal transitions, nothing more."""
+    """The lifecycle is the one in the design: five legal transitions of every call and six
+    of a governed one, nothing more; only Dispatched leads a governed call to EXECUTING."""
     assert TRANSITIONS == _DESIGN
     assert {kind for _, kind in TRANSITIONS} == set(EVENT_TYPES)
 
@@ -99,10 +107,11 @@ def test_lua_lifecycle_carries_status_evidence_and_feed_codes() -> None:
     assert types == {kind: str(code) for kind, code in TYPE_CODES.items()}
 
 
-def test_lua_first_event_is_the_one_transition_out_of_new() -> None:
+def test_lua_first_event_is_the_transition_of_preflighted_out_of_new() -> None:
     """The creating script's constants are the stage, status and codes Preflighted leads to."""
     constants = dict(re.findall(r'local (\w+) = "(\w+)"', lua_first_event()))
     assert constants == {
+        "FIRST_TYPE": "Preflighted",
         "FIRST_STAGE": TRANSITIONS[(Stage.NEW, "Preflighted")].value,
         "FIRST_STATUS": Status.PROJECTING.value,
         "FIRST_TYPE_CODE": str(TYPE_CODES["Preflighted"]),

@@ -14,6 +14,7 @@
 -- KEYS[3] feed            shard feed
 -- KEYS[4] progress        run progress list
 -- KEYS[5] run             run registry hash
+-- KEYS[6] control         shard control hash (read for a dispatch permit only)
 -- ARGV[1] event_type      event type
 -- ARGV[2] version         event version
 -- ARGV[3] event_id        event id
@@ -30,7 +31,9 @@
 --        {"applied", version, "", expires_at_ms}
 --        {"refused", CODE, current version}   CODE is one of RECORD_EXPIRED,
 --        VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION, INVALID_EVIDENCE_STATUS,
---        MISSING_ERROR_CODE, PROTECTED_FIELD
+--        MISSING_ERROR_CODE, PROTECTED_FIELD; for a governed call's Approved or Dispatched
+--        also APPROVAL_EXPIRED (past its approval's expiry, by the server's clock), and for
+--        Dispatched (the one dispatch permit) EXECUTION_PAUSED or RUN_PAUSED
 -- @include lifecycle
 -- @include field_scan
 -- @include feed_trim
@@ -64,6 +67,19 @@ if rec[2] + 1 ~= tonumber(version_text) then return refused('VERSION_CONFLICT') 
 if rec[3] ~= prev_hash then return refused('CHAIN_BROKEN') end
 local dest = next_stage(rec[1], event_type)
 if not dest then return refused('ILLEGAL_TRANSITION') end
+-- A governed call's approval and its dispatch permit: in time, and (the permit) not while
+-- the run or the namespace is paused, decided here, in the step that writes them, so a
+-- call racing a pause either got its permit before it or does not run.
+if event_type == 'Approved' or event_type == 'Dispatched' then
+  local now = redis.call('TIME')
+  local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
+  local expiry = redis.call('HGET', record, 'approval_expires_at_ms')
+  if not expiry or now_ms >= tonumber(expiry) then return refused('APPROVAL_EXPIRED') end
+  if event_type == 'Dispatched' then
+    if redis.call('HGET', KEYS[6], 'paused') == '1' then return refused('EXECUTION_PAUSED') end
+    if redis.call('HGET', run, 'paused') == '1' then return refused('RUN_PAUSED') end
+  end
+end
 
 local protected, evidence, error_code = scan_fields(11)
 if protected then return refused('PROTECTED_FIELD') end

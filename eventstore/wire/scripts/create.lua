@@ -1,4 +1,5 @@
--- create.lua: create one invocation with its Preflighted event, atomically.
+-- create.lua: create one invocation with its first event, atomically: Preflighted, or a
+-- governed call's ApprovalRequested (its record then waits in AWAITING_APPROVAL).
 --
 -- Reserves the run and tool budgets, records the invocation in its run, writes the
 -- canonical record with the complete request, sets ONE absolute expiry on record and
@@ -29,20 +30,24 @@
 -- ARGV[13] refusals_kept  entries the run's refusal log keeps (the newest)
 -- ARGV[14] log_refusals   which refusals go on the log: all, none, or not_duplicates
 --                         (the caller answers a duplicate from its record)
--- ARGV[15..] (field, value)...  the record fields the event sets (payloads included)
+-- ARGV[15] event_type     Preflighted or ApprovalRequested
+-- ARGV[16..] (field, value)...  the record fields the event sets (payloads included)
 --
 -- Reply: "1 <feed entry id> <expires_at_ms>"   the event is in the journal (version 1)
 --        {"applied", 1, "", expires_at_ms}   the same event id was already applied
 --        {"refused", CODE}   CODE is one of DUPLICATE_TOOL_CALL, VERSION_CONFLICT (version
 --        is not 1), CHAIN_BROKEN (previous hash is not the genesis hash), RUN_INACTIVE,
---        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED,
---        RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD
+--        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, RUN_PAUSED,
+--        TOOL_BUDGET_EXHAUSTED, RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD, ILLEGAL_TRANSITION
+--        (an event type that creates nothing)
 --
 -- A refusal of the run's preflight (DUPLICATE_TOOL_CALL, RUN_INACTIVE, UNAUTHORIZED,
--- RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, TOOL_BUDGET_EXHAUSTED, RUN_BUDGET_EXHAUSTED)
+-- RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, RUN_PAUSED, TOOL_BUDGET_EXHAUSTED,
+-- RUN_BUDGET_EXHAUSTED)
 -- is recorded on the run's refusal log in this same step (refusal_log.lua), while the run
 -- exists; a writer conflict (VERSION_CONFLICT, CHAIN_BROKEN, PROTECTED_FIELD) is not.
 -- @include first_event
+-- @include lifecycle
 -- @include field_scan
 -- @include feed_trim
 -- @include refusal_log
@@ -71,6 +76,17 @@ end
 -- The record's version and last_hash come from this event, so it must be a first event.
 if version ~= '1' then return {'refused', 'VERSION_CONFLICT'} end
 if prev_hash ~= GENESIS_HASH then return {'refused', 'CHAIN_BROKEN'} end
+-- Nearly every creation is a Preflighted event, whose stage and codes are constants; a
+-- governed call's ApprovalRequested looks them up in the table.
+local event_type = ARGV[15]
+local first_stage, first_status = FIRST_STAGE, FIRST_STATUS
+local type_code, status_code = FIRST_TYPE_CODE, FIRST_STATUS_CODE
+if event_type ~= FIRST_TYPE then
+  first_stage = next_stage('NEW', event_type)
+  if not first_stage then return {'refused', 'ILLEGAL_TRANSITION'} end
+  first_status, status_code = status_of(first_stage), feed_status_code(first_stage)
+  type_code = feed_type_code(event_type)
+end
 
 local now = redis.call('TIME')
 -- Arithmetic converts the two strings itself, for less than tonumber() costs.
@@ -79,11 +95,12 @@ local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
 local used_field = 'used:' .. tool
 local r = redis.call('HMGET', run, 'active', 'deadline_ms', 'budget_total', 'used_total',
   'budget:' .. tool, used_field, 'inv:' .. invocation_id, 'restricted', 'tool:' .. tool,
-  'revoked:' .. tool)
+  'revoked:' .. tool, 'paused')
 if r[1] ~= '1' then return refused('RUN_INACTIVE') end
 if (r[8] == '1' and not r[9]) or r[10] then return refused('UNAUTHORIZED') end
 if now_ms >= tonumber(r[2]) then return refused('RUN_DEADLINE_EXPIRED') end
 if redis.call('HGET', ctl, 'paused') == '1' then return refused('EXECUTION_PAUSED') end
+if r[11] == '1' then return refused('RUN_PAUSED') end
 -- The run remembers every call id for its whole life, so a call whose record already
 -- expired is still a duplicate.
 if r[7] then return refused('DUPLICATE_TOOL_CALL') end
@@ -96,7 +113,7 @@ end
 
 -- The fields go to HSET straight from ARGV, once none of them is one only we write: the
 -- first event's evidence status is PENDING, whatever it names.
-local protected, evidence = scan_fields(15)
+local protected, evidence = scan_fields(16)
 if protected or evidence then return {'refused', 'PROTECTED_FIELD'} end
 
 redis.call('HINCRBY', run, 'used_total', '1')
@@ -105,16 +122,16 @@ redis.call('HSET', run, 'inv:' .. invocation_id, tool_call_id)
 
 -- Formatted once as an integer: a Lua number sent to Redis is formatted as a float.
 local expires_at = string.format('%d', now_ms + ttl_ms)
-redis.call('HSET', record, 'stage', FIRST_STAGE, 'status', FIRST_STATUS,
+redis.call('HSET', record, 'stage', first_stage, 'status', first_status,
   'evidence_status', 'PENDING', 'version', '1', 'last_hash', event_hash,
   'updated_at_ms', at_ms, 'expires_at_ms', expires_at, 'invocation_id', invocation_id,
-  'e1', event_id, unpack(ARGV, 15))
+  'e1', event_id, unpack(ARGV, 16))
 redis.call('PEXPIREAT', record, expires_at)
 redis.call('XADD', stream, '*', 'e', event_data)
 redis.call('PEXPIREAT', stream, expires_at)
 
 local feed_id = redis.call('XADD', feed, '*',
-  'r', run_id, 'c', tool_call_id, 'v', '1', 't', FIRST_TYPE_CODE, 's', FIRST_STATUS_CODE)
+  'r', run_id, 'c', tool_call_id, 'v', '1', 't', type_code, 's', status_code)
 trim_feed(feed, feed_id, retention_ms)
 -- One string: a table reply costs Redis several times more to turn into its answer.
 return '1 ' .. feed_id .. ' ' .. expires_at
