@@ -29,6 +29,7 @@ COMMANDS: Final = (
     "runs",
     "status",
     "rebuild",
+    "approvals",
     "workers",
     "serve",
     "bench",

@@ -1,0 +1,222 @@
+"""``canon approvals|approve|deny|pause|unpause``: an operator governs side-effecting calls.
+
+``canon approvals RUN_ID`` lists the run's governed calls that wait: for a decision, or
+approved and not yet resumed (read-only, from the run's own registry, never a SCAN).
+``canon approve RUN_ID TOOL_CALL_ID --reason TEXT`` and ``canon deny ...`` record an
+operator's decision: the first decision wins, and a later one prints what was decided
+(exit 1). ``canon pause RUN_ID --reason TEXT`` stops the run's new calls and dispatches
+until ``canon unpause``. The operator is ``--by`` (default: this machine's user name); who,
+when and why are kept on the call or the run.
+
+Exit 0 when the decision or the pause was recorded, 1 when the call was already decided
+(or is not waiting) or the run is unknown, 2 on usage errors, 3 when Redis is unavailable.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import getpass
+from typing import Any
+
+from canon.commands.readonly import bad_ids, fail, print_json, run_read_only, stdout_console
+from canon.connection import add_connection_args, open_store
+from canon.exitcodes import RET_OK, RET_PROBLEM
+from canon.service import add_logging_args, setup_logging
+from eventstore.approvals import (
+    MAX_APPROVER_CHARS,
+    MAX_REASON_CHARS,
+    Decision,
+    NotAwaitingApproval,
+    decide,
+    pause_run,
+    unpause_run,
+)
+from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.store import Store
+from machine.codes import Stage
+from projections.receipts.builder import iso_ms
+
+_WAITING = (Stage.AWAITING_APPROVAL.value, Stage.APPROVED.value)
+
+
+def _operator() -> str:
+    try:
+        return getpass.getuser()
+    except (KeyError, OSError):  # no user name in this environment: --by is then required
+        return ""
+
+
+def _text(limit: int) -> Any:
+    def check(value: str) -> str:
+        if not value.strip() or not value.isprintable() or len(value) > limit:
+            raise argparse.ArgumentTypeError(f"printable text of 1 to {limit} characters")
+        return value
+
+    return check
+
+
+def _print_decision(decision: Decision, asked: str) -> int:
+    console = stdout_console()
+    if decision.made_now:
+        console.print(
+            f"{decision.tool_call_id}: {decision.outcome} by {decision.decided_by} "
+            f"(approval {decision.approval_id}, decision {decision.decision_id})"
+        )
+        return RET_OK
+    by = f" by {decision.decided_by}" if decision.decided_by else ""
+    fail(f"{decision.tool_call_id} was not {asked} here: it was already {decision.outcome}{by}")
+    return RET_PROBLEM
+
+
+def _decide(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    if bad_ids(args.run_id, args.tool_call_id):
+        return RET_PROBLEM
+    if not args.by:
+        fail("no operator name: give --by")
+        return RET_PROBLEM
+    approve = args.command == "approve"
+
+    async def work() -> Decision:
+        async with open_store(args) as store:
+            return await decide(
+                store,
+                args.run_id,
+                args.tool_call_id,
+                approve=approve,
+                by=args.by,
+                reason=args.reason,
+            )
+
+    try:
+        decision = asyncio.run(work())
+    except NotAwaitingApproval as exc:
+        fail(f"{args.tool_call_id}: {exc}")
+        return RET_PROBLEM
+    if args.json:
+        print_json(decision)
+        return RET_OK if decision.made_now else RET_PROBLEM
+    return _print_decision(decision, "approved" if approve else "denied")
+
+
+def _pause(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    if bad_ids(args.run_id):
+        return RET_PROBLEM
+    if not args.by:
+        fail("no operator name: give --by")
+        return RET_PROBLEM
+    switch = pause_run if args.command == "pause" else unpause_run
+
+    async def work() -> bool:
+        async with open_store(args) as store:
+            return await switch(store, args.run_id, by=args.by, reason=args.reason)
+
+    if not asyncio.run(work()):
+        fail(f"no run {args.run_id} (unknown or expired)")
+        return RET_PROBLEM
+    stdout_console().print(f"{args.run_id}: {args.command}d by {args.by}")
+    return RET_OK
+
+
+def _waiting_row(call: CallRow) -> dict[str, Any]:
+    return {
+        "tool_call_id": call.tool_call_id,
+        "invocation_id": call.invocation_id,
+        "tool": call.tool,
+        "stage": call.stage,
+        "requested_at": iso_ms(call.created_at_ms),
+        "request_bytes": call.request_bytes,
+    }
+
+
+def _list(args: argparse.Namespace) -> int:
+    setup_logging(args)
+    if bad_ids(args.run_id):
+        return RET_PROBLEM
+
+    async def work(store: Store) -> int:
+        info = await store.run_info(args.run_id)
+        if info is None:
+            fail(f"no run {args.run_id} (unknown or expired)")
+            return RET_PROBLEM
+        waiting = [call for call in await run_calls(store, args.run_id) if call.stage in _WAITING]
+        if args.json:
+            print_json(
+                {
+                    "run_id": args.run_id,
+                    "paused": info.paused,
+                    "waiting": [_waiting_row(call) for call in waiting],
+                }
+            )
+            return RET_OK
+        console = stdout_console()
+        state = " (the run is paused)" if info.paused else ""
+        if not waiting:
+            console.print(f"no governed call of {args.run_id} is waiting{state}")
+            return RET_OK
+        console.print(f"governed calls of {args.run_id} waiting, oldest first{state}:")
+        for call in waiting:
+            what = (
+                "for a decision"
+                if call.stage == Stage.AWAITING_APPROVAL.value
+                else ("approved, for its resume")
+            )
+            console.print(
+                f"  {iso_ms(call.created_at_ms)}  {call.tool_call_id}  {call.tool}  {what}"
+            )
+        return RET_OK
+
+    return run_read_only(args, work)
+
+
+def _decision_args(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--reason",
+        required=True,
+        type=_text(MAX_REASON_CHARS),
+        help=f"why (kept with the decision; at most {MAX_REASON_CHARS} characters)",
+    )
+    parser.add_argument(
+        "--by",
+        type=_text(MAX_APPROVER_CHARS),
+        default=_operator(),
+        help="who decides (default: this machine's user name)",
+    )
+
+
+def register(subparsers: Any) -> None:
+    """Add ``approvals``, ``approve``, ``deny``, ``pause`` and ``unpause``."""
+    listing = subparsers.add_parser(
+        "approvals",
+        help="list a run's governed calls waiting for a decision or a resume",
+        description=__doc__,
+    )
+    listing.add_argument("run_id", help="the run")
+    listing.add_argument("--json", action="store_true", help="print one JSON document")
+    add_connection_args(listing, writes=False)
+    add_logging_args(listing)
+    listing.set_defaults(handler=_list, log_level="WARNING")
+    for name, help_text in (
+        ("approve", "approve a governed call: it runs once, when it is resumed"),
+        ("deny", "deny a governed call: it ends APPROVAL_DENIED and never runs"),
+    ):
+        parser = subparsers.add_parser(name, help=help_text, description=__doc__)
+        parser.add_argument("run_id", help="the call's run")
+        parser.add_argument("tool_call_id", help="the call")
+        _decision_args(parser)
+        parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+        add_connection_args(parser)
+        add_logging_args(parser)
+        parser.set_defaults(handler=_decide, log_level="WARNING")
+    for name, help_text in (
+        ("pause", "pause a run: no new call of it is recorded or dispatched"),
+        ("unpause", "lift a run's pause"),
+    ):
+        parser = subparsers.add_parser(name, help=help_text, description=__doc__)
+        parser.add_argument("run_id", help="the run")
+        _decision_args(parser)
+        add_connection_args(parser)
+        add_logging_args(parser)
+        parser.set_defaults(handler=_pause, log_level="WARNING")

@@ -1,0 +1,133 @@
+"""``canon approvals|approve|deny|pause|unpause`` in a real process: an operator lists a
+run's waiting governed calls, decides them (the first decision wins, a second says what was
+decided), and pauses and unpauses the run, each with who and why kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from datetime import timedelta
+from typing import Any
+
+from eventstore.approvals import new_approval_id
+from eventstore.store import Store
+from eventstore.writer import now_ms
+from machine.codes import ErrorCode, Stage
+
+RUN = "run-ops"
+
+
+def canon(redis_url: str, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "canon.cli",
+            *args,
+            "--redis-url",
+            redis_url,
+            "--namespace",
+            namespace,
+            "--shards",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+        env={**os.environ, "COLUMNS": "200"},
+    )
+
+
+async def waiting(store: Store, *calls: str) -> None:
+    await store.open_run(RUN, deadline=timedelta(minutes=10))
+    for call in calls:
+        await store.writer.request_approval(
+            RUN,
+            call,
+            "refund",
+            b'{"amount":5}',
+            approval_id=new_approval_id(),
+            approval_expires_at_ms=now_ms() + 600_000,
+        )
+
+
+async def test_an_operator_lists_decides_and_pauses(
+    make_store: Any, redis_url: str, namespace: str
+) -> None:
+    """approvals lists both waiting calls; approve and deny record the operator and the
+    reason; a second decision exits 1 naming the first; the list then shows the approved
+    call waiting for its resume; pause and unpause are kept on the run."""
+    store: Store = make_store(shards=2)
+    await waiting(store, "pay-1", "pay-2")
+    listed = canon(redis_url, namespace, "approvals", RUN, "--json")
+    assert listed.returncode == 0, listed.stderr
+    document = json.loads(listed.stdout)
+    assert [row["tool_call_id"] for row in document["waiting"]] == ["pay-1", "pay-2"]
+    assert {row["stage"] for row in document["waiting"]} == {"AWAITING_APPROVAL"}
+
+    approved = canon(
+        redis_url,
+        namespace,
+        "approve",
+        RUN,
+        "pay-1",
+        "--by",
+        "ana",
+        "--reason",
+        "checked the invoice",
+    )
+    assert approved.returncode == 0, approved.stderr
+    assert "pay-1: approved by ana" in approved.stdout
+    denied = canon(redis_url, namespace, "deny", RUN, "pay-2", "--by", "bo", "--reason", "dup")
+    assert denied.returncode == 0 and "pay-2: denied by bo" in denied.stdout
+    again = canon(redis_url, namespace, "deny", RUN, "pay-1", "--by", "cy", "--reason", "late")
+    assert again.returncode == 1
+    assert "already approved by ana" in again.stderr
+    record = await store.reader.get(RUN, "pay-1")
+    assert record is not None and record.state.stage is Stage.APPROVED
+    assert (record.state.decided_by, record.state.decision_reason) == ("ana", "checked the invoice")
+    second = await store.reader.get(RUN, "pay-2")
+    assert second is not None and second.state.error_code is ErrorCode.APPROVAL_DENIED
+
+    text = canon(redis_url, namespace, "approvals", RUN)
+    assert "pay-1" in text.stdout and "approved, for its resume" in text.stdout
+    assert "pay-2" not in text.stdout
+
+    paused = canon(redis_url, namespace, "pause", RUN, "--by", "ana", "--reason", "incident")
+    assert paused.returncode == 0 and f"{RUN}: paused by ana" in paused.stdout
+    info = await store.run_info(RUN)
+    assert info is not None and info.paused
+    assert "the run is paused" in canon(redis_url, namespace, "approvals", RUN).stdout
+    unpaused = canon(redis_url, namespace, "unpause", RUN, "--by", "ana", "--reason", "ok")
+    assert unpaused.returncode == 0
+    info = await store.run_info(RUN)
+    assert info is not None and not info.paused
+
+
+async def test_bad_input_is_one_line_and_changes_nothing(
+    make_store: Any, redis_url: str, namespace: str
+) -> None:
+    """No reason, an empty one, an unsafe run id, a call that is not governed, an unknown
+    run: one line each, a usage or problem exit, nothing written."""
+    store: Store = make_store(shards=2)
+    await waiting(store, "pay-1")
+    await store.writer.create(RUN, "plain", "search", b"{}")
+    no_reason = canon(redis_url, namespace, "approve", RUN, "pay-1", "--by", "ana")
+    assert no_reason.returncode == 2 and "--reason" in no_reason.stderr
+    empty = canon(redis_url, namespace, "approve", RUN, "pay-1", "--by", "ana", "--reason", " ")
+    assert empty.returncode == 2
+    unsafe = canon(
+        redis_url, namespace, "approve", "bad:run", "pay-1", "--reason", "x", "--by", "ana"
+    )
+    assert unsafe.returncode == 1 and len(unsafe.stderr.strip().splitlines()) == 1
+    plain = canon(redis_url, namespace, "approve", RUN, "plain", "--reason", "x", "--by", "ana")
+    assert plain.returncode == 1 and "nothing to decide" in plain.stderr
+    unknown = canon(redis_url, namespace, "pause", "run-nope", "--reason", "x", "--by", "ana")
+    assert unknown.returncode == 1 and "no run run-nope" in unknown.stderr
+    for result in (no_reason, empty, unsafe, plain, unknown):
+        assert "Traceback" not in result.stderr
+    record = await store.reader.get(RUN, "pay-1")
+    assert record is not None and record.state.stage is Stage.AWAITING_APPROVAL
