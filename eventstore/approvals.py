@@ -15,6 +15,8 @@ atomic script as every other, checked by the same transition table:
   expiry, or once another resumer took it; only its winner may run the tool.
 - :func:`pause_run` / :func:`unpause_run`: the run's pause switch, with who, when and
   why; creation and the permit read it in the script that writes them.
+- :func:`pending_approvals`: the calls waiting for a decision across the latest runs,
+  from the run index and each run's count of its waiting calls (kept by the scripts).
 
 Nothing here runs a tool; reading a decision never consumes it.
 """
@@ -26,6 +28,8 @@ from typing import Final, Literal
 
 import msgspec
 
+from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.audit.run_index import MAX_LIMIT, RunFilter, list_runs
 from eventstore.errors import CanonError, InvalidArgument, Refused
 from eventstore.store import Store
 from eventstore.writer import Head, now_ms
@@ -250,6 +254,59 @@ async def take_permit(store: Store, state: InvocationState, expires_at_ms: int) 
             return Permit(head=None, stage=Stage.ERROR, code=ErrorCode.RECORD_EXPIRED)
         return Permit(head=None, stage=record.state.stage, code=record.state.error_code)
     return Permit(head=head, stage=Stage.EXECUTING)
+
+
+class Waiting(msgspec.Struct, frozen=True, kw_only=True):
+    """A governed call waiting for an operator's decision, and its run."""
+
+    run_id: str
+    call: CallRow
+
+
+class WaitingCalls(msgspec.Struct, frozen=True, kw_only=True):
+    """The governed calls waiting across runs.
+
+    ``runs_examined`` is how many runs were read; ``complete`` whether every waiting call
+    of the latest runs is listed.
+    """
+
+    calls: list[Waiting]
+    runs_examined: int
+    complete: bool
+
+
+async def pending_approvals(store: Store, *, runs: int = 200, limit: int = 100) -> WaitingCalls:
+    """The governed calls waiting for a decision in the latest ``runs`` runs, oldest first.
+
+    Served from the run index and each run's count of its waiting calls: only a run that
+    has some has its calls read (lifecycle fields, never a payload); never a SCAN. At most
+    ``limit`` calls, the oldest.
+
+    Raises:
+        InvalidArgument: ``runs`` or ``limit`` out of range (see :func:`list_runs`).
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    if not 1 <= limit <= 1000:
+        raise InvalidArgument("limit must be between 1 and 1000")
+    page = await list_runs(
+        store,
+        limit=min(runs, MAX_LIMIT),
+        where=RunFilter(status="awaiting_approval"),
+        examine=runs,
+    )
+    found = [
+        Waiting(run_id=run.run_id, call=call)
+        for run in page.runs
+        for call in await run_calls(store, run.run_id)
+        if call.stage == Stage.AWAITING_APPROVAL.value
+    ]
+    found.sort(key=lambda waiting: (waiting.call.created_at_ms, waiting.run_id))
+    return WaitingCalls(
+        calls=found[:limit],
+        runs_examined=page.examined,
+        complete=len(found) <= limit and page.cursor is None,
+    )
 
 
 async def pause_run(store: Store, run_id: str, *, by: str, reason: str) -> bool:

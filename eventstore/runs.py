@@ -64,6 +64,8 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     failed: dict[str, int] = msgspec.field(default_factory=dict)
     #: The run is paused: none of its calls is recorded or dispatched.
     paused: bool = False
+    #: Its governed calls waiting for an operator's decision.
+    awaiting_approval: int = 0
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -93,6 +95,8 @@ REFUSED_PREFIX: Final = "refused:"
 #: The run hash's field prefix of the count of its calls that failed with a code
 #: (append.lua counts each Failed event once).
 FAILED_PREFIX: Final = "failed:"
+#: The run hash's count of its governed calls waiting for a decision (the scripts keep it).
+AWAITING_FIELD: Final = "awaiting_approval"
 #: Set in the run hash when the run counts its failures (runs opened by earlier
 #: versions do not).
 FAILURES_COUNTED: Final = "failures_counted"
@@ -279,6 +283,7 @@ class RunRegistry:
             refused=refused_counts(fields),
             failed=prefixed_counts(fields, FAILED_PREFIX),
             paused=fields.get("paused") == b"1",
+            awaiting_approval=int(fields.get(AWAITING_FIELD, b"0")),
         )
 
     async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:

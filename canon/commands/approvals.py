@@ -1,7 +1,9 @@
 """``canon approvals|approve|deny|pause|unpause``: an operator governs side-effecting calls.
 
 ``canon approvals RUN_ID`` lists the run's governed calls that wait: for a decision, or
-approved and not yet resumed (read-only, from the run's own registry, never a SCAN).
+approved and not yet resumed; without a run, the calls waiting for a decision across the
+latest runs, oldest first (read-only, from the run index and the runs' counts, never a
+SCAN).
 ``canon approve RUN_ID TOOL_CALL_ID --reason TEXT`` and ``canon deny ...`` record an
 operator's decision: the first decision wins, and a later one prints what was decided
 (exit 1). ``canon pause RUN_ID --reason TEXT`` stops the run's new calls and dispatches
@@ -30,6 +32,7 @@ from eventstore.approvals import (
     NotAwaitingApproval,
     decide,
     pause_run,
+    pending_approvals,
     unpause_run,
 )
 from eventstore.audit.run_calls import CallRow, run_calls
@@ -133,6 +136,8 @@ def _waiting_row(call: CallRow) -> dict[str, Any]:
 
 def _list(args: argparse.Namespace) -> int:
     setup_logging(args)
+    if args.run_id is None:
+        return run_read_only(args, _list_all(args))
     if bad_ids(args.run_id):
         return RET_PROBLEM
 
@@ -171,6 +176,39 @@ def _list(args: argparse.Namespace) -> int:
     return run_read_only(args, work)
 
 
+def _list_all(args: argparse.Namespace) -> Any:
+    """The listing across the latest runs: the calls waiting for a decision."""
+
+    async def work(store: Store) -> int:
+        waiting = await pending_approvals(store)
+        if args.json:
+            print_json(
+                {
+                    "runs_examined": waiting.runs_examined,
+                    "complete": waiting.complete,
+                    "waiting": [
+                        {"run_id": item.run_id, **_waiting_row(item.call)} for item in waiting.calls
+                    ],
+                }
+            )
+            return RET_OK
+        console = stdout_console()
+        if not waiting.calls:
+            console.print(
+                f"no governed call waits for a decision in the latest {waiting.runs_examined} runs"
+            )
+            return RET_OK
+        console.print("governed calls waiting for a decision, oldest first:")
+        for item in waiting.calls:
+            console.print(
+                f"  {iso_ms(item.call.created_at_ms)}  {item.run_id}  "
+                f"{item.call.tool_call_id}  {item.call.tool}"
+            )
+        return RET_OK
+
+    return work
+
+
 def _decision_args(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--reason",
@@ -193,7 +231,9 @@ def register(subparsers: Any) -> None:
         help="list a run's governed calls waiting for a decision or a resume",
         description=__doc__,
     )
-    listing.add_argument("run_id", help="the run")
+    listing.add_argument(
+        "run_id", nargs="?", help="the run (without one: the calls waiting across the latest runs)"
+    )
     listing.add_argument("--json", action="store_true", help="print one JSON document")
     add_connection_args(listing, writes=False)
     add_logging_args(listing)

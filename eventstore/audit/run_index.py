@@ -23,6 +23,7 @@ import msgspec
 from eventstore.audit.run_calls import CallRow, run_calls
 from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.runs import (
+    AWAITING_FIELD,
     FAILED_PREFIX,
     FAILURES_COUNTED,
     USED_PREFIX,
@@ -40,12 +41,15 @@ MAX_LIMIT: Final = 500
 MAX_EXAMINED: Final = 2000
 RunStatus = Literal["active", "closed", "expired"]
 #: What a run filter's ``status`` may ask for: a call ended ERROR, a call was refused, a
-#: call is still in flight, or the run's own status.
-RunsShown = Literal["errors", "refusals", "in_flight", "active", "closed", "expired"]
+#: call is still in flight, a governed call waits for a decision, or the run's own status.
+RunsShown = Literal[
+    "errors", "refusals", "in_flight", "awaiting_approval", "active", "closed", "expired"
+]
 RUNS_SHOWN: Final[tuple[RunsShown, ...]] = (
     "errors",
     "refusals",
     "in_flight",
+    "awaiting_approval",
     "active",
     "closed",
     "expired",
@@ -82,6 +86,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     failed: dict[str, int] = msgspec.field(default_factory=dict)
     #: Invocations created, by tool.
     tools: dict[str, int] = msgspec.field(default_factory=dict)
+    #: Governed calls waiting for an operator's decision.
+    awaiting_approval: int = 0
 
 
 class RunPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -101,7 +107,8 @@ class RunFilter(msgspec.Struct, frozen=True, kw_only=True):
 
     Attributes:
         status: ``errors`` (a call ended ERROR), ``refusals`` (a call was refused),
-            ``in_flight`` (a call is still PROJECTING) or the run's own status.
+            ``in_flight`` (a call is still PROJECTING), ``awaiting_approval`` (a governed
+            call waits for a decision) or the run's own status.
         tool: the run created an invocation of this tool.
         code: a call of the run failed, or was refused, with this error code.
         search: the run id, or one of its tool call ids, starts with this text.
@@ -126,6 +133,8 @@ class RunFilter(msgspec.Struct, frozen=True, kw_only=True):
         if status == "refusals" and not run.refused:
             return False
         if status == "in_flight" and not run.calls.get(Status.PROJECTING.value):
+            return False
+        if status == "awaiting_approval" and not run.awaiting_approval:
             return False
         if status in ("active", "closed", "expired") and run.status != status:
             return False
@@ -289,6 +298,7 @@ async def _summaries(
             refused=refused_counts(fields),
             failed=prefixed_counts(fields, FAILED_PREFIX),
             tools=prefixed_counts(fields, USED_PREFIX),
+            awaiting_approval=int(fields.get(AWAITING_FIELD, b"0")),
         )
         found.append((summary, call_ids))
     return found

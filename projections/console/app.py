@@ -59,6 +59,7 @@ CONSOLE_ROUTES: Final = (
     "POST /console/login",
     "POST /console/logout",
     "GET /console/search",
+    "GET /console/approvals",
     "GET /console/live.js",
     "GET /console/runs/<run id>",
     "GET /console/runs/<run id>/invocations/<invocation id>",
@@ -441,6 +442,11 @@ class Console:
             return await self._runs(request)
         if path == "/console/search":
             return await self._search(request)
+        if path == "/console/approvals":
+            if request.query_params:
+                return self._error(request, 400, "This page takes no query parameters.")
+            waiting = await views.approvals_page(self._store)
+            return self._page(request, "approvals.html", waiting=waiting)
         if _RUN.fullmatch(path) is None and request.query_params:
             return self._error(request, 400, "This page takes no query parameters.")
         if path == "/console/live.js":

@@ -20,6 +20,7 @@ from urllib.parse import urlencode
 
 import msgspec
 
+from eventstore.approvals import WaitingCalls, pending_approvals
 from eventstore.audit import replay_invocation
 from eventstore.audit.replay import InvocationReplay
 from eventstore.audit.run_calls import CallRow, run_calls
@@ -217,6 +218,11 @@ async def runs_page(
     return await list_runs(store, limit=limit, cursor=cursor, where=where)
 
 
+async def approvals_page(store: Store) -> WaitingCalls:
+    """The approvals page: governed calls waiting for a decision, oldest first."""
+    return await pending_approvals(store)
+
+
 async def calls_found(store: Store, tool: str | None, code: str | None) -> CallSearch:
     """The search page: calls of a tool or with an error code across the latest runs."""
     return await search_calls(store, tool=tool, code=code)
@@ -239,6 +245,7 @@ def _summary(info: RunInfo, calls: list[CallRow]) -> RunSummary:
         refused=info.refused,
         failed=info.failed,
         tools=info.used,
+        awaiting_approval=info.awaiting_approval,
     )
 
 

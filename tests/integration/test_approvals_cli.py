@@ -11,12 +11,17 @@ import sys
 from datetime import timedelta
 from typing import Any
 
+import httpx
+
 from eventstore.approvals import new_approval_id
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import ErrorCode, Stage
+from machine.ids import invocation_id
+from tests.support.console_run import OPERATOR_TOKEN, serving
 
 RUN = "run-ops"
+BEARER = {"Authorization": f"Bearer {OPERATOR_TOKEN}"}
 
 
 def canon(redis_url: str, namespace: str, *args: str) -> subprocess.CompletedProcess[str]:
@@ -131,3 +136,31 @@ async def test_bad_input_is_one_line_and_changes_nothing(
         assert "Traceback" not in result.stderr
     record = await store.reader.get(RUN, "pay-1")
     assert record is not None and record.state.stage is Stage.AWAITING_APPROVAL
+
+
+async def test_the_console_and_the_cli_list_the_calls_waiting_across_runs(
+    make_store: Any, redis_url: str, namespace: str
+) -> None:
+    """/console/approvals and `canon approvals` without a run list the calls waiting for
+    a decision across runs, oldest first, with the frozen request one click away; the
+    runs page keeps the runs with waiting calls."""
+    store: Store = make_store(shards=2)
+    await waiting(store, "pay-1", "pay-2")
+    await store.writer.create(RUN, "plain", "search", b"{}")
+    listed = canon(redis_url, namespace, "approvals", "--json")
+    assert listed.returncode == 0, listed.stderr
+    rows = json.loads(listed.stdout)["waiting"]
+    assert [(row["run_id"], row["tool_call_id"]) for row in rows] == [
+        (RUN, "pay-1"),
+        (RUN, "pay-2"),
+    ]
+    async with serving(store) as base, httpx.AsyncClient(base_url=base, headers=BEARER) as client:
+        page = await client.get("/console/approvals")
+        assert page.status_code == 200
+        assert page.text.count("frozen request") == 2
+        assert f"/console/runs/{RUN}/invocations/{invocation_id(RUN, 'pay-1')}/payloads" in (
+            page.text
+        )
+        runs = await client.get("/console/?status=awaiting_approval")
+        assert f'href="/console/runs/{RUN}"' in runs.text
+        assert (await client.get("/console/approvals?x=1")).status_code == 400

@@ -18,10 +18,12 @@ from eventstore.approvals import (
     expire,
     new_approval_id,
     pause_run,
+    pending_approvals,
     take_permit,
     unpause_run,
 )
 from eventstore.audit import replay_invocation
+from eventstore.audit.run_index import RunFilter, list_runs
 from eventstore.errors import InvalidArgument, Refused
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -282,3 +284,43 @@ async def test_receipts_tell_whether_a_governed_call_was_dispatched(make_store: 
     assert denied["result"]["error_code"] == "APPROVAL_DENIED"
     plain = await receipt_of(store, "plain")
     assert plain["approval"] == {"status": "none"}
+
+
+async def test_calls_waiting_across_runs_are_found_from_the_runs_counts(
+    make_store: Any,
+) -> None:
+    """Each run counts its calls waiting for a decision (in, when requested; out, when
+    decided or expired); the runs filter keeps the runs with some, and the listing across
+    runs gives exactly the waiting calls, oldest first."""
+    store: Store = make_store(shards=2)
+    await waiting(store, "a")
+    await waiting(store, "b")
+    await waiting(store, "c")
+    await store.open_run("run-other", deadline=timedelta(minutes=10))
+    await store.writer.request_approval(
+        "run-other",
+        "x",
+        "refund",
+        REQUEST,
+        approval_id=new_approval_id(),
+        approval_expires_at_ms=now_ms() + 60_000,
+    )
+    await decide(store, RUN, "b", approve=True, by="ops", reason="ok")
+    await decide(store, RUN, "c", approve=False, by="ops", reason="no")
+    info = await store.run_info(RUN)
+    assert info is not None and info.awaiting_approval == 1
+    listed = await list_runs(store, where=RunFilter(status="awaiting_approval"))
+    assert {run.run_id: run.awaiting_approval for run in listed.runs} == {
+        RUN: 1,
+        "run-other": 1,
+    }
+    found = await pending_approvals(store)
+    assert [(item.run_id, item.call.tool_call_id) for item in found.calls] == [
+        (RUN, "a"),
+        ("run-other", "x"),
+    ]
+    assert found.complete
+    await decide(store, RUN, "a", approve=True, by="ops", reason="ok")
+    await decide(store, "run-other", "x", approve=False, by="ops", reason="no")
+    assert (await pending_approvals(store)).calls == []
+    assert (await list_runs(store, where=RunFilter(status="awaiting_approval"))).runs == []

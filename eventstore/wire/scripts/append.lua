@@ -109,6 +109,11 @@ if named and named ~= evidence then
     end
   end
 end
+-- A governed call leaving AWAITING_APPROVAL (decided or expired) no longer waits: its run
+-- counts it out, while the run hash exists (HINCRBY would create one that never expires).
+if rec[1] == 'AWAITING_APPROVAL' and redis.call('EXISTS', run) == 1 then
+  redis.call('HINCRBY', run, 'awaiting_approval', '-1')
+end
 redis.call('HSET', record, 'stage', dest, 'status', status_of(dest), 'evidence_status', evidence,
   'version', version_text, 'last_hash', event_hash, 'updated_at_ms', at_ms,
   event_field, event_id, unpack(fields, first))

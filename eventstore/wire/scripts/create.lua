@@ -118,6 +118,9 @@ if protected or evidence then return {'refused', 'PROTECTED_FIELD'} end
 
 redis.call('HINCRBY', run, 'used_total', '1')
 redis.call('HINCRBY', run, used_field, '1')
+-- The run counts its governed calls waiting for a decision (append.lua counts them out),
+-- so the calls waiting across runs are found from the run index, never by a SCAN.
+if first_stage ~= FIRST_STAGE then redis.call('HINCRBY', run, 'awaiting_approval', '1') end
 redis.call('HSET', run, 'inv:' .. invocation_id, tool_call_id)
 
 -- Formatted once as an integer: a Lua number sent to Redis is formatted as a float.
