@@ -12,7 +12,7 @@ import pytest
 
 from eventstore.store import Store
 from projections.console import Console, OperatorAuth
-from projections.console.auth import CLIENT_BURST, OVERALL_BURST
+from projections.console.auth import CLIENT_BURST, OVERALL_BURST, LoginThrottle
 from tests.support.console_run import (
     OPERATOR_TOKEN,
     RUN,
@@ -157,12 +157,21 @@ def retry_after(response: httpx.Response) -> int:
     return seconds
 
 
+def held_clock_console(store: Store) -> Console:
+    """A console whose login throttle's clock stands still: no allowance comes back while
+    the test runs, however slowly a busy machine runs it."""
+    return Console(
+        store, OperatorAuth(OPERATOR_TOKEN), throttle=LoginThrottle(clock=lambda: 1_000.0)
+    )
+
+
 async def test_failed_logins_are_limited_per_client_address(make_store: Any) -> None:
     """Past a burst of wrong tokens from one address its logins (form or bearer, right token
     or not) are 429 with Retry-After; another address, and a session already open, are
     not affected; successful logins never count."""
     store: Store = make_store()
-    async with serving(store) as base, httpx.AsyncClient(base_url=base) as client:
+    app = held_clock_console(store)
+    async with serving(store, app=app) as base, httpx.AsyncClient(base_url=base) as client:
         attacker, operator = forwarded("198.51.100.7"), forwarded("198.51.100.8")
         for _ in range(3 * CLIENT_BURST):  # successes never use up the allowance
             assert (await log_in(client, **attacker)).status_code == 303
@@ -187,7 +196,8 @@ async def test_failed_logins_are_limited_overall(make_store: Any) -> None:
     """Wrong tokens spread over many addresses empty the overall allowance: a fresh
     address is then 429 too, while an open session still reads."""
     store: Store = make_store()
-    async with serving(store) as base, httpx.AsyncClient(base_url=base) as client:
+    app = held_clock_console(store)
+    async with serving(store, app=app) as base, httpx.AsyncClient(base_url=base) as client:
         session = session_cookie(await log_in(client))
         client.cookies.clear()
         for index in range(OVERALL_BURST):
