@@ -15,16 +15,16 @@ streamable-HTTP URL). ``canon mcp-proxy`` is the command line around both.
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final
 
-from canon.integrations._shared import require
+from canon.integrations._shared import reply_content, require
 from canon.integrations.mcp import RunOptions, build_server, json_result
-from eventstore.boundary.contracts import Projection, ToolCall, ToolResult, ToolSpec
+from canon.integrations.mcp_upstream import upstream_environment
+from eventstore.boundary.contracts import AgentReply, Projection, ToolCall, ToolResult, ToolSpec
 from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
-from eventstore.errors import CanonError
+from eventstore.errors import CanonError, RunExists
 from eventstore.store import Store
 
 require("mcp", "mcp")
@@ -36,8 +36,6 @@ from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
 from mcp.client.streamable_http import streamable_http_client  # noqa: E402
 from mcp.server.lowlevel import Server  # noqa: E402
 
-#: Environment variables of canon's own connection, never handed to the upstream server.
-PRIVATE_ENV_PREFIXES: Final = ("REDIS_", "CANON_")
 #: Most pages of ``tools/list`` read from the upstream: a paginator that never ends
 #: cannot keep the proxy from starting.
 MAX_LIST_PAGES: Final = 100
@@ -47,15 +45,6 @@ _DETAIL_CHARS = 2000
 
 class UpstreamToolError(CanonError):
     """Raised when the upstream server answers a call with ``isError: true``."""
-
-
-def upstream_environment() -> dict[str, str]:
-    """This process's environment without canon's connection settings (URLs, passwords)."""
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(PRIVATE_ENV_PREFIXES)
-    }
 
 
 @asynccontextmanager
@@ -185,3 +174,32 @@ class _Upstream:
             )
             raise UpstreamToolError(text[:_DETAIL_CHARS])
         return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def host_result(reply: ToolResult) -> dict[str, Any]:
+    """The host's ``tools/call`` result for a recorded reply: the upstream's, as recorded."""
+    result = reply.result
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        return dict(result)
+    return json_result(reply).model_dump(mode="json", by_alias=True, exclude_none=True)
+
+
+def safe_error_result(reply: AgentReply) -> dict[str, Any]:
+    """The host's result for a refused or failed call: ``isError`` with the safe error."""
+    return {"content": [{"type": "text", "text": reply_content(reply)}], "isError": True}
+
+
+def open_runs_with(store: Store, options: RunOptions) -> Callable[[str], Awaitable[None]]:
+    """Open a run on its first call with ``options``; a run that exists is used as it is."""
+
+    async def ensure(run_id: str) -> None:
+        try:
+            await store.open_run(run_id, deadline=options.deadline, budget=options.budget)
+        except RunExists:
+            pass
+        except CanonError:
+            # An unsafe id or Redis away: the boundary answers the call with the matching
+            # safe error, so nothing is decided here.
+            pass
+
+    return ensure

@@ -173,7 +173,6 @@ async def test_a_call_is_recorded_with_the_hosts_ids_and_gets_a_receipt(
         "content": [{"type": "text", "text": f"answer to {MARKER}"}],
         "structuredContent": {"result": f"answer to {MARKER}"},
         "isError": False,
-        "resultType": "complete",
     }
     assert record.result is not None and json.loads(record.result) == {
         "content": [{"type": "text", "text": f"answer to {MARKER}"}],
