@@ -82,6 +82,19 @@ class UpstreamCallError(CanonError):
     """Raised when the upstream answers a ``tools/call`` with an error or not at all."""
 
 
+class UpstreamFault(UpstreamCallError):
+    """Raised when a ``tools/call`` gets a JSON-RPC error (the upstream's, or the relay's).
+
+    The host gets this JSON-RPC error as it is, not a tool result: the call failed at the
+    protocol's level (a bad upstream message, a dead upstream, an error response).
+    """
+
+    def __init__(self, error: Mapping[str, Any]) -> None:
+        """Keep the JSON-RPC ``error`` object for the host."""
+        super().__init__(f"JSON-RPC error {error.get('code')}")
+        self.error = dict(error)
+
+
 def fallback_call_id(connection_id: str, request_id: str | int) -> str:
     """The tool call id of a call whose ``_meta`` names none, unique per JSON-RPC id.
 
@@ -166,6 +179,8 @@ class Relay:
         self._specs: dict[str, ToolSpec] = {}
         # tool call id -> (the host's params, upstream ids): what the executor forwards.
         self._pending_params: dict[str, tuple[dict[str, Any], list[int]]] = {}
+        # tool call id -> the JSON-RPC error its upstream call got.
+        self._faults: dict[str, dict[str, Any]] = {}
         self._boundary: ToolBoundary | None = None
         self._skipped: set[str] = set()
         self._initialize: Message | None = None
@@ -348,6 +363,11 @@ class Relay:
             reply = await boundary.invoke(RunContext(run_id), envelope)
         finally:
             self._pending_params.pop(tool_call_id, None)
+            fault = self._faults.pop(tool_call_id, None)
+        if fault is not None and not isinstance(reply, ToolResult):
+            # Recorded as Failed; the host gets the JSON-RPC error it would get directly.
+            await self._to_host({"jsonrpc": "2.0", "id": request_id, "error": fault})
+            return
         result = self._result_of(reply) if isinstance(reply, ToolResult) else self._error_of(reply)
         ids: dict[str, Any] = {RUN_ID_KEY: run_id}
         if reply.tool_call_id is not None:
@@ -423,8 +443,10 @@ class Relay:
         }
         answer = await self._ask_upstream(upstream_id, request)
         if "error" in answer:
-            error = answer.get("error") or {}
-            raise UpstreamCallError(f"upstream error {error.get('code')}")
+            error = answer.get("error")
+            fault = UpstreamFault(error if isinstance(error, dict) else {"code": INTERNAL_ERROR})
+            self._faults[call.tool_call_id] = fault.error
+            raise fault
         result = answer.get("result")
         if not isinstance(result, dict):
             raise UpstreamCallError("the upstream's result is not an object")
@@ -439,7 +461,7 @@ class Relay:
             await self.upstream.send(request)
             return await future
         except UpstreamGone:
-            raise UpstreamCallError("the upstream is not running") from None
+            return self._unavailable(upstream_id)
         except asyncio.CancelledError:
             if not future.done():
                 await self._send_upstream_quietly(
@@ -536,7 +558,7 @@ class Relay:
     async def _ended(self, reason: str) -> None:
         for upstream_id, future in list(self._own.items()):
             if not future.done():
-                future.set_result(error_response(upstream_id, INTERNAL_ERROR, reason))
+                future.set_result(self._unavailable(upstream_id))
         self._own.clear()
         forwarded = list(self._forwarded.values())
         self._forwarded.clear()
