@@ -29,16 +29,20 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import hashlib
 import itertools
-import re
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
 import structlog
 
-from canon.integrations.mcp import FALLBACK_PREFIX, INVOCATION_ID_KEY, RUN_ID_KEY, TOOL_CALL_ID_KEY
+from canon.integrations.mcp import (
+    FALLBACK_PREFIX,
+    INVOCATION_ID_KEY,
+    RUN_ID_KEY,
+    TOOL_CALL_ID_KEY,
+    fallback_call_id,
+)
 from canon.integrations.mcp_upstream import Message, Upstream, UpstreamError, UpstreamGone
 from eventstore.boundary.contracts import (
     AgentReply,
@@ -73,7 +77,6 @@ MAX_BACKOFF_S: Final = 30.0
 MAX_LIST_PAGES: Final = 100
 # Most tool names the relay keeps specs for (a hostile host cannot grow it forever).
 _MAX_TOOLS = 10_000
-_SAFE_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 Send = Callable[[Message], Awaitable[None]]
 
@@ -93,20 +96,6 @@ class UpstreamFault(UpstreamCallError):
         """Keep the JSON-RPC ``error`` object for the host."""
         super().__init__(f"JSON-RPC error {error.get('code')}")
         self.error = dict(error)
-
-
-def fallback_call_id(connection_id: str, request_id: str | int) -> str:
-    """The tool call id of a call whose ``_meta`` names none, unique per JSON-RPC id.
-
-    An integer id is used as it is, a string one with an ``s`` before it (a hash when it
-    is not a short safe token), so ``502`` and ``"502"`` are two calls.
-    """
-    if isinstance(request_id, int):
-        return f"{FALLBACK_PREFIX}-{connection_id}-{request_id}"
-    if _SAFE_ID.fullmatch(request_id):
-        return f"{FALLBACK_PREFIX}-{connection_id}-s{request_id}"
-    digest = hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
-    return f"{FALLBACK_PREFIX}-{connection_id}-x{digest}"
 
 
 def is_request_id(value: Any) -> bool:

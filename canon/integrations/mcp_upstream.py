@@ -259,6 +259,15 @@ class HttpUpstream:
         self._stack: AsyncExitStack | None = None
         self._write: Any = None
         self._reading: asyncio.Task[None] | None = None
+        self._said_refused = False
+
+    async def _refused(self, response: Any) -> None:
+        # The transport turns an HTTP 401 into a bare JSON-RPC error: say why, once.
+        if response.status_code in (401, 403) and not self._said_refused:
+            self._said_refused = True
+            log.warning("upstream_refused", reason=http_failure(response))
+        elif response.status_code < 400:
+            self._said_refused = False
 
     @property
     def pid(self) -> int | None:
@@ -278,6 +287,7 @@ class HttpUpstream:
 
         stack = AsyncExitStack()
         client = create_mcp_http_client(headers=self.headers)
+        client.event_hooks["response"].append(self._refused)
         await stack.enter_async_context(client)
         try:
             read_stream, write_stream = await stack.enter_async_context(
@@ -338,9 +348,9 @@ class HttpUpstream:
         self._write = None
 
 
-def http_failure(exc: BaseException) -> str:
-    """One line for the operator about an HTTP transport failure (never a header value)."""
-    status = getattr(getattr(exc, "response", None), "status_code", None)
+def http_failure(exc: Any) -> str:
+    """One line for the operator about an HTTP failure or response (never a header value)."""
+    status = getattr(getattr(exc, "response", exc), "status_code", None)
     if status == 401:
         return "the upstream refused the request (HTTP 401): pass --header or --bearer-token-env"
     if status == 403:

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 
 from canon.integrations.mcp import INVOCATION_ID_KEY, RUN_ID_KEY, TOOL_CALL_ID_KEY, call_tool
@@ -53,13 +54,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def proxy_argv(redis_url: str, namespace: str, *options: str, upstream: list[str]) -> list[str]:
+def proxy_argv(
+    redis_url: str | None, namespace: str, *options: str, upstream: list[str]
+) -> list[str]:
     return [
         sys.executable,
         "-m",
         "canon.cli",
         "mcp-proxy",
-        f"--redis-url={redis_url}",
+        *([f"--redis-url={redis_url}"] if redis_url else []),
         f"--namespace={namespace}",
         *options,
         "--",
@@ -99,24 +102,35 @@ def proxy(
     """
 
     @asynccontextmanager
-    async def connect(*options: str, upstream: list[str] | None = None) -> AsyncIterator[Any]:
+    async def connect(
+        *options: str,
+        upstream: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        initialize: bool = True,
+        embedded: bool = False,
+        cwd: Path = ROOT,
+    ) -> AsyncIterator[Any]:
         argv = proxy_argv(
-            redis_url,
+            None if embedded else redis_url,
             namespace,
             *options,
             upstream=upstream if upstream is not None else [*UPSTREAM, str(count_file)],
         )
         log = tmp_path / f"proxy-{len(stderr_logs)}.stderr"
         stderr_logs.append(log)
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        if embedded:
+            environment.pop("REDIS_URL", None)
         parameters = StdioServerParameters(
-            command=argv[0], args=argv[1:], env=dict(os.environ), cwd=str(ROOT)
+            command=argv[0], args=argv[1:], env=environment, cwd=str(cwd)
         )
         with log.open("w") as errlog:
             async with (
                 stdio_client(parameters, errlog=errlog) as (read, write),
                 ClientSession(read, write) as session,
             ):
-                await session.initialize()
+                if initialize:
+                    await session.initialize()
                 yield session
         # The proxy logs to stderr (so the leak check after the test reads real logs).
         assert "mcp_proxy_started" in log.read_text()
@@ -300,12 +314,17 @@ def spawn(tmp_path: Path, stderr_logs: list[Path]) -> Iterator[Any]:
     """Starts processes with their output in a file; kills and reaps the survivors."""
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = tmp_path / f"spawned-{len(processes)}.log"
         stderr_logs.append(log)
         with log.open("wb") as out:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd=ROOT,
+                env={**os.environ, **(env or {})},
             )
         processes.append(process)
         return process
@@ -380,6 +399,73 @@ async def test_an_upstream_over_streamable_http_is_proxied_on_stdio(
     record = await store.get(RUN, "call_far")
     assert record is not None and record.state.status is Status.READY
     assert upstream_runs(count_file) == ["lookup"]
+
+
+#: The upstream's bearer token; it must never appear in a log.
+TOKEN = "PAYLOAD-MARKER-token-3f9a"
+
+
+@pytest.fixture
+async def guarded_upstream(spawn: Any, count_file: Path) -> str:
+    """An upstream over streamable HTTP that answers 401 without ``Bearer`` :data:`TOKEN`."""
+    port = free_port()
+    spawn([*UPSTREAM, str(count_file), str(port)], env={"UPSTREAM_BEARER_TOKEN": TOKEN})
+    url = f"http://127.0.0.1:{port}/mcp"
+    await wait_for(lambda: answering(url), timeout_s=30)
+    return url
+
+
+@pytest.mark.parametrize(
+    "options",
+    [("--bearer-token-env=UPSTREAM_SECRET",), ("--header=Authorization:env:UPSTREAM_AUTH",)],
+)
+async def test_an_upstream_url_gets_its_credentials_from_the_environment(
+    proxy: Any, guarded_upstream: str, options: tuple[str, ...]
+) -> None:
+    """``--bearer-token-env`` or ``--header NAME:env:VAR``: the value is sent, never logged."""
+    env = {"UPSTREAM_SECRET": TOKEN, "UPSTREAM_AUTH": f"Bearer {TOKEN}"}
+    async with proxy(
+        f"--run-id={RUN}", f"--upstream-url={guarded_upstream}", *options, upstream=[], env=env
+    ) as session:
+        result = await call_tool(session, "lookup", {"q": "far"}, tool_call_id="call_auth")
+    assert text_of(result) == "answer to far"
+
+
+async def test_an_upstream_401_is_one_line_and_the_proxy_stays_up(
+    proxy: Any, guarded_upstream: str, stderr_logs: list[Path]
+) -> None:
+    """No credentials: the host's initialize fails with a JSON-RPC error; one stderr line."""
+    async with proxy(
+        f"--upstream-url={guarded_upstream}", upstream=[], initialize=False
+    ) as session:
+        with pytest.raises(MCPError):
+            await session.initialize()
+        # The proxy still answers what it answers itself.
+        with pytest.raises(MCPError) as refused:
+            await session.send_ping()
+        assert refused.value.error.code != 0
+    [line] = [line for line in stderr_logs[-1].read_text().splitlines() if "401" in line]
+    assert "upstream_refused" in line and "--bearer-token-env" in line
+
+
+async def test_the_embedded_store_lives_in_the_users_data_folder(
+    proxy: Any, tmp_path: Path, stderr_logs: list[Path]
+) -> None:
+    """No Redis configured, started from anywhere: the data folder is absolute, under XDG."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    xdg = tmp_path / "xdg"
+    async with proxy(embedded=True, cwd=elsewhere, env={"XDG_DATA_HOME": str(xdg)}) as session:
+        result = await session.call_tool("ping")
+        assert not result.is_error
+    assert (xdg / "canon" / "data").is_dir()
+    assert not (elsewhere / ".canon").exists()
+    [line] = [
+        line
+        for line in stderr_logs[-1].read_text().splitlines()
+        if "embedded_redis_started" in line
+    ]
+    assert str(xdg / "canon" / "data") in line
 
 
 def test_without_an_upstream_the_proxy_exits_2_with_one_line(redis_url: str) -> None:
