@@ -17,8 +17,7 @@ import asyncio
 import os
 import pathlib
 import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
 from datetime import timedelta
 from importlib.metadata import PackageNotFoundError, version
 from typing import Any
@@ -199,63 +198,53 @@ def _tool_timeout(args: argparse.Namespace) -> float | None:
     return args.tool_timeout_s if args.tool_timeout_s and args.tool_timeout_s > 0 else None
 
 
-@asynccontextmanager
-async def _proxy(args: argparse.Namespace, store: Store) -> AsyncIterator[Any]:
-    # Imported here: the base install has no MCP SDK, and `canon --help` must not need it.
-    from canon.integrations.mcp_proxy import connect_upstream, proxy_server
+def _line_bytes(args: argparse.Namespace) -> int:
+    """The longest protocol line either side may send: the largest payload and its envelope."""
+    return int(max(args.max_request_bytes, args.max_raw_bytes) + 65536)
 
-    async with AsyncExitStack() as stack:
-        session = await stack.enter_async_context(
-            connect_upstream(_upstream_command(args), url=args.upstream_url)
-        )
-        server = await stack.enter_async_context(
-            proxy_server(
-                store,
-                session,
-                run_id=args.run_id,
-                run_options=_run_options(args),
-                on_duplicate=args.on_duplicate,
-                timeout_s=_tool_timeout(args),
-            )
-        )
-        yield server
+
+def _upstream(args: argparse.Namespace) -> Any:
+    from canon.integrations.mcp_upstream import ChildUpstream, HttpUpstream
+
+    if args.upstream_url is not None:
+        return HttpUpstream(args.upstream_url, headers=upstream_headers(args))
+    return ChildUpstream(_upstream_command(args), max_line_bytes=_line_bytes(args))
+
+
+def _relay(args: argparse.Namespace, store: Store, send: Any) -> Any:
+    from canon.integrations.mcp_proxy import host_result, open_runs_with, safe_error_result
+    from canon.integrations.mcp_relay import Relay
+
+    return Relay(
+        store,
+        _upstream(args),
+        send,
+        run_id=args.run_id,
+        open_run=open_runs_with(store, _run_options(args)),
+        on_duplicate=args.on_duplicate,
+        timeout_s=_tool_timeout(args),
+        start_timeout_s=args.start_timeout_s,
+        result_of=host_result,
+        error_of=lambda reply: safe_error_result(reply, limits=args.limits),
+        version=_version(),
+    )
 
 
 async def _serve_stdio(args: argparse.Namespace) -> None:
-    from canon.integrations.mcp_proxy import host_result, open_runs_with, safe_error_result
-    from canon.integrations.mcp_relay import Relay
     from canon.integrations.mcp_stdio import HostStdio
-    from canon.integrations.mcp_upstream import ChildUpstream, HttpUpstream, UpstreamError
+    from canon.integrations.mcp_upstream import UpstreamError
 
-    line_bytes = max(args.max_request_bytes, args.max_raw_bytes) + 65536
-    upstream: Any = (
-        HttpUpstream(args.upstream_url, headers=upstream_headers(args))
-        if args.upstream_url is not None
-        else ChildUpstream(_upstream_command(args), max_line_bytes=line_bytes)
-    )
     # The protocol's stream first: from here on standard output belongs to MCP alone.
     async with (
-        HostStdio(max_line_bytes=line_bytes) as host,
+        HostStdio(max_line_bytes=_line_bytes(args)) as host,
         open_store(args, embedded=True) as store,
     ):
-        relay = Relay(
-            store,
-            upstream,
-            host.send,
-            run_id=args.run_id,
-            open_run=open_runs_with(store, _run_options(args)),
-            on_duplicate=args.on_duplicate,
-            timeout_s=_tool_timeout(args),
-            start_timeout_s=args.start_timeout_s,
-            result_of=host_result,
-            error_of=safe_error_result,
-            version=_version(),
-        )
+        relay = _relay(args, store, host.send)
         try:
             await relay.start()
         except UpstreamError as exc:
             raise CommandError(str(exc), RET_UPSTREAM) from None
-        log.info("mcp_proxy_started", transport="stdio", upstream_pid=upstream.pid)
+        log.info("mcp_proxy_started", transport="stdio", upstream_pid=relay.upstream.pid)
         stopped = asyncio.Event()
         _stop_on_signals(stopped.set)
         reading = asyncio.create_task(host.serve(relay.from_host))
@@ -275,25 +264,26 @@ async def _serve_stdio(args: argparse.Namespace) -> None:
         log.info("mcp_proxy_stopped", reason="signal" if stopped.is_set() else "host closed")
 
 
+async def _serve_http(args: argparse.Namespace) -> None:
+    from canon.integrations.mcp_http import RelayHttpApp
+    from projections.worker.supervisor import ReceiptServer
+
+    async with open_store(args, embedded=True) as store:
+        app = RelayHttpApp(lambda send: _relay(args, store, send))
+        http = ReceiptServer(app, host=args.host, port=args.port)
+        _stop_on_signals(http.stop)
+        async with app.run():
+            serving = asyncio.create_task(http.serve())
+            await _announce(http, serving)
+            await serving
+        log.info("server_stopped")
+
+
 def _version() -> str:
     try:
         return version("canon")
     except PackageNotFoundError:
         return "0"
-
-
-async def _serve_http(args: argparse.Namespace) -> None:
-    from projections.worker.supervisor import ReceiptServer
-
-    async with open_store(args, embedded=True) as store, _proxy(args, store) as server:
-        app = server.streamable_http_app()
-        http = ReceiptServer(app, host=args.host, port=args.port)
-        _stop_on_signals(http.stop)
-        async with server.session_manager.run():
-            serving = asyncio.create_task(http.serve())
-            await _announce(http, serving)
-            await serving
-        log.info("server_stopped")
 
 
 def _stop_on_signals(stop: Callable[[], None]) -> None:

@@ -15,17 +15,27 @@ streamable-HTTP URL). ``canon mcp-proxy`` is the command line around both.
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any, Final
 
-from canon.integrations._shared import reply_content, require
+from canon.integrations._shared import reply_payload, require
 from canon.integrations.mcp import RunOptions, build_server, json_result
 from canon.integrations.mcp_upstream import upstream_environment
-from eventstore.boundary.contracts import AgentReply, Projection, ToolCall, ToolResult, ToolSpec
+from eventstore.boundary.contracts import (
+    AgentReply,
+    Projection,
+    ToolCall,
+    ToolError,
+    ToolResult,
+    ToolSpec,
+)
 from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
 from eventstore.errors import CanonError, RunExists
 from eventstore.store import Store
+from machine.codes import ErrorCode
+from machine.limits import Limits
 
 require("mcp", "mcp")
 
@@ -184,9 +194,35 @@ def host_result(reply: ToolResult) -> dict[str, Any]:
     return json_result(reply).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-def safe_error_result(reply: AgentReply) -> dict[str, Any]:
-    """The host's result for a refused or failed call: ``isError`` with the safe error."""
-    return {"content": [{"type": "text", "text": reply_content(reply)}], "isError": True}
+def safe_error_result(reply: AgentReply, *, limits: Limits | None = None) -> dict[str, Any]:
+    """The host's result for a refused or failed call: ``isError`` with the safe error.
+
+    A call over one of the proxy's size limits also says which limit, its size and the
+    ``canon mcp-proxy`` flag that raises it (under ``limit``): the fixed message alone
+    would leave a desktop user guessing.
+    """
+    payload = reply_payload(reply)
+    hint = limit_hint(reply, limits) if limits is not None else None
+    if hint is not None:
+        payload = {**payload, "limit": hint}
+    return {"content": [{"type": "text", "text": json.dumps(payload)}], "isError": True}
+
+
+def limit_hint(reply: AgentReply, limits: Limits) -> str | None:
+    """For a call refused or failed over a size limit, the limit and its flag, else None."""
+    if not isinstance(reply, ToolError):
+        return None
+    if reply.error_code is ErrorCode.REQUEST_TOO_LARGE:
+        return (
+            f"the arguments are over {limits.request_bytes} bytes or {limits.json_depth} "
+            "levels deep; raise it with --max-request-bytes"
+        )
+    if reply.error_code is ErrorCode.RESULT_TOO_LARGE:
+        return (
+            f"the upstream's result is over {limits.raw_bytes} bytes (--max-raw-bytes) or its "
+            f"result over {limits.result_bytes} bytes (--max-result-bytes); raise them"
+        )
+    return None
 
 
 def open_runs_with(store: Store, options: RunOptions) -> Callable[[str], Awaitable[None]]:

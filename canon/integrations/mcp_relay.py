@@ -78,7 +78,9 @@ MAX_LIST_PAGES: Final = 100
 # Most tool names the relay keeps specs for (a hostile host cannot grow it forever).
 _MAX_TOOLS = 10_000
 
-Send = Callable[[Message], Awaitable[None]]
+#: Writes one message to the host; the second argument is the host request it belongs
+#: to (its JSON-RPC id), or None.
+Send = Callable[[Message, Any], Awaitable[None]]
 
 
 class UpstreamCallError(CanonError):
@@ -172,6 +174,9 @@ class Relay:
         self._faults: dict[str, dict[str, Any]] = {}
         self._boundary: ToolBoundary | None = None
         self._skipped: set[str] = set()
+        # The host's requests still unanswered: key -> (its id, its progress token).
+        self._inflight: dict[tuple[type, Any], tuple[Any, Any]] = {}
+        self._overdue: asyncio.Task[None] | None = None
         self._initialize: Message | None = None
         self._initialized_sent = False
         self.ready = asyncio.Event()
@@ -248,6 +253,11 @@ class Relay:
                     error_response(request_id, INVALID_PARAMS, "Invalid params: not an object")
                 )
             return
+        if has_id:
+            # What the upstream sends while this request runs belongs to it (progress with
+            # its token; logs, sampling, elicitation), so HTTP routes it to its stream.
+            token = _progress_token(params)
+            self._inflight[(type(request_id), request_id)] = (request_id, token)
         if not has_id:
             await self._notification_from_host(method, message)
         elif method == "tools/call":
@@ -281,6 +291,9 @@ class Relay:
             self.failed = (
                 f"the upstream did not answer initialize within {self.start_timeout_s:g} s"
             )
+            host_id, _ = self._forwarded.pop(upstream_id)
+            overdue = error_response(host_id, UPSTREAM_UNAVAILABLE, self.failed)
+            self._overdue = asyncio.create_task(self._to_host(overdue))
             self.fatal.set()
 
     async def _notification_from_host(self, method: str, message: Message) -> None:
@@ -482,7 +495,7 @@ class Relay:
             # The upstream's request to the host (sampling, elicitation, roots, ping).
             host_facing = next(self._ids)
             self._reverse[host_facing] = request_id
-            await self._to_host({**message, "id": host_facing})
+            await self._to_host({**message, "id": host_facing}, self._related(message))
             return
         if method == "notifications/cancelled":
             params = message.get("params") or {}
@@ -493,7 +506,27 @@ class Relay:
                     del self._reverse[host_facing]
                     await self._to_host({**message, "params": {**params, "requestId": host_facing}})
             return
-        await self._to_host(message)
+        await self._to_host(message, self._related(message))
+
+    def _related(self, message: Message) -> Any:
+        """The host request an upstream message belongs to, or None.
+
+        A progress notification belongs to the request with its token; anything else to
+        the latest request still running (none running: it is the session's own).
+        """
+        if message.get("method") == "notifications/progress":
+            params = message.get("params")
+            token = params.get("progressToken") if isinstance(params, dict) else None
+            for request_id, request_token in self._inflight.values():
+                if (
+                    request_token is not None
+                    and type(request_token) is type(token)
+                    and request_token == token
+                ):
+                    return request_id
+        if self._inflight:
+            return next(reversed(self._inflight.values()))[0]
+        return None
 
     def _answered(self, method: str, message: Message) -> Message:
         result = message.get("result")
@@ -596,12 +629,20 @@ class Relay:
             "the upstream MCP server is not running; the proxy is restarting it",
         )
 
-    async def _to_host(self, message: Message) -> None:
-        await self._send_host(message)
+    async def _to_host(self, message: Message, related: Any = None) -> None:
+        if "method" not in message:
+            request_id = message.get("id")
+            self._inflight.pop((type(request_id), request_id), None)
+        await self._send_host(message, related)
 
     async def _send_upstream_quietly(self, message: Message) -> None:
         with contextlib.suppress(UpstreamGone):
             await self.upstream.send(message)
+
+
+def _progress_token(params: Mapping[str, Any] | None) -> Any:
+    meta = params.get("_meta") if params is not None else None
+    return meta.get("progressToken") if isinstance(meta, dict) else None
 
 
 def _cancelled(upstream_id: int, params: Mapping[str, Any]) -> Message:

@@ -52,8 +52,11 @@ class HostStdio:
                 self._writer.close()
             self._writer = None
 
-    async def send(self, message: Message) -> None:
-        """Write one message as one line (a vanished host is not an error)."""
+    async def send(self, message: Message, related: Any = None) -> None:
+        """Write one message as one line (a vanished host is not an error).
+
+        ``related`` (the host request a message belongs to) means nothing on stdio.
+        """
         if self._writer is None:
             return
         data = json.dumps(message, ensure_ascii=False, separators=(",", ":")).encode() + b"\n"
