@@ -269,7 +269,7 @@ async def _serve_http(args: argparse.Namespace) -> None:
     from projections.worker.supervisor import ReceiptServer
 
     async with open_store(args, embedded=True) as store:
-        app = RelayHttpApp(lambda send: _relay(args, store, send))
+        app = RelayHttpApp(lambda send: _relay(args, store, send), host=args.host)
         http = ReceiptServer(app, host=args.host, port=args.port)
         _stop_on_signals(http.stop)
         async with app.run():

@@ -27,6 +27,7 @@ from canon.integrations.mcp_upstream import Message, UpstreamError
 require("mcp", "mcp")
 
 from mcp.server.streamable_http import StreamableHTTPServerTransport  # noqa: E402
+from mcp.server.transport_security import TransportSecuritySettings  # noqa: E402
 from mcp.shared.message import ServerMessageMetadata, SessionMessage  # noqa: E402
 from mcp_types.jsonrpc import jsonrpc_message_adapter  # noqa: E402
 
@@ -42,9 +43,22 @@ MakeRelay = Callable[[Send], Relay]
 class RelayHttpApp:
     """Serve MCP over streamable HTTP, relaying each session to an upstream of its own."""
 
-    def __init__(self, make_relay: MakeRelay) -> None:
-        """``make_relay`` builds a session's relay around the function that writes to it."""
+    def __init__(self, make_relay: MakeRelay, *, host: str = "127.0.0.1") -> None:
+        """``make_relay`` builds a session's relay around the function that writes to it.
+
+        Bound to a loopback ``host``, requests must name a loopback Host (and Origin, when
+        they send one), as the SDK's own servers require: DNS rebinding protection.
+        """
         self._make_relay = make_relay
+        self._security = (
+            TransportSecuritySettings(
+                enable_dns_rebinding_protection=True,
+                allowed_hosts=["127.0.0.1:*", "localhost:*", "[::1]:*"],
+                allowed_origins=["http://127.0.0.1:*", "http://localhost:*", "http://[::1]:*"],
+            )
+            if host in ("127.0.0.1", "localhost", "::1")
+            else None
+        )
         self._sessions: dict[str, StreamableHTTPServerTransport] = {}
         self._group: anyio.abc.TaskGroup | None = None
 
@@ -83,7 +97,9 @@ class RelayHttpApp:
     async def _open(self, scope: Any, receive: Any, send: Any) -> None:
         assert self._group is not None, "serve inside RelayHttpApp.run()"
         session_id = uuid4().hex
-        transport = StreamableHTTPServerTransport(mcp_session_id=session_id)
+        transport = StreamableHTTPServerTransport(
+            mcp_session_id=session_id, security_settings=self._security
+        )
         self._sessions[session_id] = transport
         status: list[int] = []
 
@@ -106,6 +122,14 @@ class RelayHttpApp:
         transport: StreamableHTTPServerTransport,
         *,
         task_status: Any = anyio.TASK_STATUS_IGNORED,
+    ) -> None:
+        try:
+            await self._serve_session(session_id, transport, task_status)
+        except Exception as exc:  # one session's failure must not end the others
+            log.warning("mcp_session_failed", error_type=type(exc).__name__)
+
+    async def _serve_session(
+        self, session_id: str, transport: StreamableHTTPServerTransport, task_status: Any
     ) -> None:
         async with transport.connect() as (read_stream, write_stream):
             task_status.started()

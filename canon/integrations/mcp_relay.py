@@ -348,12 +348,18 @@ class Relay:
         given = params.get("_meta")
         meta: dict[str, Any] = given if isinstance(given, dict) else {}
         run_id, tool_call_id = self._call_ids(request_id, meta)
+        name = params["name"]
+        boundary = await self._boundary_for(name)
+        if name not in self._specs:
+            # A tool the upstream does not list: it answers as it would without the proxy
+            # (an unknown tool's error); nothing ran, so there is nothing to record.
+            request = {"jsonrpc": "2.0", "id": request_id, "method": "tools/call", "params": params}
+            await self._forward(request_id, "tools/call", request)
+            return
         if self._open_run is not None and run_id not in self._opened:
             await self._open_run(run_id)
             if len(self._opened) < _MAX_TOOLS:
                 self._opened.add(run_id)
-        name = params["name"]
-        boundary = await self._boundary_for(name)
         envelope = ToolEnvelope(
             run_id=run_id,
             tool_call_id=tool_call_id,

@@ -22,7 +22,6 @@ import os
 import signal
 import sys
 from collections.abc import Awaitable, Callable, Mapping, Sequence
-from contextlib import AsyncExitStack
 from typing import Any, Final, Protocol
 
 import structlog
@@ -250,15 +249,20 @@ class ChildUpstream:
 
 
 class HttpUpstream:
-    """An MCP server reached over streamable HTTP, with fixed request headers."""
+    """An MCP server reached over streamable HTTP, with fixed request headers.
+
+    The connection lives in one task of its own, from opening to closing: the SDK's
+    transport holds a task group, which must be left from the task (and cancel scope)
+    that entered it, whoever asks it to stop.
+    """
 
     def __init__(self, url: str, *, headers: Mapping[str, str] | None = None) -> None:
         """Prepare to reach ``url``; nothing is sent before :meth:`start`."""
         self.url = url
         self.headers = dict(headers or {})
-        self._stack: AsyncExitStack | None = None
         self._write: Any = None
-        self._reading: asyncio.Task[None] | None = None
+        self._task: asyncio.Task[None] | None = None
+        self._stop = asyncio.Event()
         self._said_refused = False
 
     async def _refused(self, response: Any) -> None:
@@ -280,43 +284,60 @@ class HttpUpstream:
         return self._write is not None
 
     async def start(self, deliver: Deliver, bad_line: BadLine, ended: Ended) -> None:
-        """Open the transport and read its messages in the background."""
+        """Open the transport and read its messages in the background.
+
+        Raises:
+            UpstreamError: the transport could not be opened.
+
+        """
+        self._stop = asyncio.Event()
+        opened: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._task = asyncio.create_task(self._connection(opened, deliver, bad_line, ended))
+        await opened
+
+    async def _connection(
+        self, opened: asyncio.Future[None], deliver: Deliver, bad_line: BadLine, ended: Ended
+    ) -> None:
         import httpx2
         from mcp.client.streamable_http import streamable_http_client
         from mcp.shared._httpx_utils import create_mcp_http_client
 
-        stack = AsyncExitStack()
-        client = create_mcp_http_client(headers=self.headers)
-        client.event_hooks["response"].append(self._refused)
-        await stack.enter_async_context(client)
-        try:
-            read_stream, write_stream = await stack.enter_async_context(
-                streamable_http_client(self.url, http_client=client)
-            )
-        except (OSError, httpx2.HTTPError) as exc:
-            await stack.aclose()
-            raise UpstreamError(f"cannot reach the upstream: {type(exc).__name__}") from None
-        self._stack = stack
-        self._write = write_stream
-        self._reading = asyncio.create_task(self._read(read_stream, deliver, bad_line, ended))
-
-    async def _read(
-        self, read_stream: Any, deliver: Deliver, bad_line: BadLine, ended: Ended
-    ) -> None:
         reason = "the upstream connection closed"
         try:
-            async for item in read_stream:
-                if isinstance(item, Exception):
-                    reason = http_failure(item)
-                    await bad_line(None)
-                    continue
-                await deliver(
-                    item.message.model_dump(mode="json", by_alias=True, exclude_unset=True)
-                )
+            client = create_mcp_http_client(headers=self.headers)
+            client.event_hooks["response"].append(self._refused)
+            async with (
+                client,
+                streamable_http_client(self.url, http_client=client) as (read_stream, write),
+            ):
+                self._write = write
+                opened.set_result(None)
+                reading = asyncio.create_task(self._read(read_stream, deliver, bad_line))
+                stopping = asyncio.create_task(self._stop.wait())
+                await asyncio.wait((reading, stopping), return_when=asyncio.FIRST_COMPLETED)
+                stopping.cancel()
+                if reading.done() and not reading.cancelled():
+                    reason = reading.result()
+                reading.cancel()
+        except (OSError, httpx2.HTTPError) as exc:
+            reason = f"cannot reach the upstream: {type(exc).__name__}"
         except Exception as exc:  # the transport's own failure ends the connection
             reason = http_failure(exc)
-        self._write = None
-        await ended(reason)
+        finally:
+            self._write = None
+            if not opened.done():
+                opened.set_exception(UpstreamError(reason))
+        # A connection that never opened is start()'s error, not an ending.
+        if opened.exception() is None and not self._stop.is_set():
+            await ended(reason)
+
+    async def _read(self, read_stream: Any, deliver: Deliver, bad_line: BadLine) -> str:
+        async for item in read_stream:
+            if isinstance(item, Exception):
+                await bad_line(None)
+                continue
+            await deliver(item.message.model_dump(mode="json", by_alias=True, exclude_unset=True))
+        return "the upstream connection closed"
 
     async def send(self, message: Message) -> None:
         """Send one message.
@@ -336,15 +357,14 @@ class HttpUpstream:
             raise UpstreamGone("the upstream is not connected") from None
 
     async def stop(self) -> None:
-        """Close the connection."""
-        if self._reading is not None:
-            self._reading.cancel()
+        """Close the connection (in the task that opened it)."""
+        self._stop.set()
+        if self._task is not None:
             with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reading
-        if self._stack is not None:
-            with contextlib.suppress(Exception):
-                await self._stack.aclose()
-        self._stack = None
+                await asyncio.wait_for(asyncio.shield(self._task), STOP_GRACE_S * 2)
+            if not self._task.done():
+                self._task.cancel()
+        self._task = None
         self._write = None
 
 
