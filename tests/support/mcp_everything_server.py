@@ -139,6 +139,15 @@ TOOLS: list[dict[str, Any]] = [
         "inputSchema": SCHEMA_2020_12,
     },
     {"name": "test_roots", "description": "Lists the client's roots"},
+    {
+        "name": "test_large_text",
+        "description": "Answers `size` bytes of text (large results, as file reads give)",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"size": {"type": "integer"}},
+            "required": ["size"],
+        },
+    },
 ]
 
 
@@ -246,6 +255,8 @@ async def call_tool(
     if name == "test_roots":
         roots = await ask(ctx, "roots/list", {})
         return result(text(json.dumps([str(root.uri) for root in roots.roots])))
+    if name == "test_large_text":
+        return result(text("x" * int(arguments.get("size", 0))))
     raise ValueError(f"Unknown tool: {name}")
 
 
