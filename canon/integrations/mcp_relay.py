@@ -75,6 +75,8 @@ TOO_LARGE: Final = -32002
 MAX_BACKOFF_S: Final = 30.0
 #: Most pages of ``tools/list`` the relay reads when it looks a tool up itself.
 MAX_LIST_PAGES: Final = 100
+# Most characters of an upstream error's text kept as (harness-only) failure detail.
+_DETAIL_CHARS = 2000
 # Most tool names the relay keeps specs for (a hostile host cannot grow it forever).
 _MAX_TOOLS = 10_000
 
@@ -459,7 +461,14 @@ class Relay:
         if not isinstance(result, dict):
             raise UpstreamCallError("the upstream's result is not an object")
         if result.get("isError") is True:
-            raise UpstreamCallError("the upstream answered isError")
+            # Its text is harness-only failure detail: the host gets the safe error.
+            content = result.get("content")
+            said = " ".join(
+                block["text"]
+                for block in (content if isinstance(content, list) else [])
+                if isinstance(block, dict) and isinstance(block.get("text"), str)
+            )
+            raise UpstreamCallError(said[:_DETAIL_CHARS])
         return result
 
     async def _ask_upstream(self, upstream_id: int, request: Message) -> Message:
