@@ -2,12 +2,17 @@
 
 ``canon mcp-proxy [options] -- <command that starts an MCP server>`` starts the server as
 a child process on stdio (or ``--upstream-url`` reaches one over streamable HTTP) and is
-itself an MCP server that lists the upstream's tools and runs each ``tools/call`` through
-the boundary: canonical records, receipts and replay for the upstream's calls. It speaks
-MCP on stdio (standard output carries nothing but the protocol; logs go to standard
-error), or with ``--http`` over streamable HTTP on ``--host``/``--port`` until SIGTERM or
-SIGINT. Hosts name their calls with the ``_meta`` keys ``io.canon/tool_call_id`` and
-``io.canon/run_id``; see docs/integrations.md for the fallback ids of hosts that don't.
+itself that MCP server for the host: everything but ``tools/call`` passes through both
+ways unchanged (prompts, resources, completion, logging, progress, cancellation,
+sampling, elicitation, roots, notifications, instructions), and each ``tools/call`` runs
+through the boundary: canonical records, receipts and replay for the upstream's calls.
+It speaks MCP on stdio (standard output carries nothing but the protocol; logs go to
+standard error), or with ``--http`` over streamable HTTP on ``--host``/``--port`` until
+SIGTERM or SIGINT. Hosts name their calls with the ``_meta`` keys
+``io.canon/tool_call_id`` and ``io.canon/run_id``; see docs/integrations.md for the
+fallback ids of hosts that don't. Exit codes: 0 when the host goes away or on SIGTERM /
+SIGINT, 2 for bad options, 3 when Redis is unavailable, 4 when the upstream cannot start,
+exits before answering ``initialize`` or does not answer it within ``--start-timeout-s``.
 """
 
 from __future__ import annotations

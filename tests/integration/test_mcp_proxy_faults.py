@@ -385,3 +385,51 @@ async def test_a_desktop_run_has_no_deadline_and_bad_tool_names_are_skipped(
         assert info.deadline_ms > time.time() * 1000 + 365 * 86_400_000
     [warning] = [line for line in host.log().splitlines() if "mcp_tool_skipped" in line]
     assert "repo/search" in warning
+
+
+async def test_a_call_over_the_tool_timeout_fails_and_the_proxy_goes_on(
+    launch: Any, make_store: Any
+) -> None:
+    """``--tool-timeout-s``: a hung upstream call ends Failed; the next call is answered."""
+    store: Store = make_store()
+    async with launch("--tool-timeout-s=0.5") as host:
+        await host.initialize()
+        await host.send(call(1, "hang", "call_slow"))
+        answer = await host.answer(1)
+        assert answer["result"]["isError"] is True
+        assert (
+            json.loads(answer["result"]["content"][0]["text"])["error_code"] == "EXECUTION_FAILED"
+        )
+        record = await store.get(RUN, "call_slow")
+        assert record is not None and record.state.status is Status.ERROR
+        await host.send(call(2, "echo", "call_after"))
+        assert "result" in await host.answer(2)
+
+
+async def test_a_host_cancellation_closes_the_record_and_reaches_the_upstream(
+    launch: Any, make_store: Any
+) -> None:
+    """``notifications/cancelled`` for a running call: CALLER_CANCELLED, no answer sent."""
+    store: Store = make_store()
+    async with launch() as host:
+        await host.initialize()
+        await host.send(call(1, "hang", "call_cancelled"))
+
+        async def created() -> bool:
+            return await store.get(RUN, "call_cancelled") is not None
+
+        await wait_for(created, timeout_s=30)
+        await host.send(
+            {"jsonrpc": "2.0", "method": "notifications/cancelled", "params": {"requestId": 1}}
+        )
+
+        async def closed() -> bool:
+            record = await store.get(RUN, "call_cancelled")
+            return record is not None and record.state.status is Status.ERROR
+
+        await wait_for(closed, timeout_s=30)
+        record = await store.get(RUN, "call_cancelled")
+        assert record is not None and record.state.error_code is ErrorCode.CALLER_CANCELLED
+        # The proxy still answers, and never answered the cancelled request.
+        assert "result" in await host.request(2, "tools/call", call(0, "echo")["params"])
+        assert (int, 1) not in host.answers
