@@ -428,13 +428,20 @@ async def guarded_upstream(spawn: Any, count_file: Path) -> str:
 
 @pytest.mark.parametrize(
     "options",
-    [("--bearer-token-env=UPSTREAM_SECRET",), ("--header=Authorization:env:UPSTREAM_AUTH",)],
+    [
+        ("--bearer-token-env=UPSTREAM_SECRET",),
+        ("--header=Authorization:env:UPSTREAM_AUTH",),
+        ("--header=Authorization:file:{token_file}",),
+    ],
 )
-async def test_an_upstream_url_gets_its_credentials_from_the_environment(
-    proxy: Any, guarded_upstream: str, options: tuple[str, ...]
+async def test_an_upstream_url_gets_its_credentials_from_the_environment_or_a_file(
+    proxy: Any, guarded_upstream: str, options: tuple[str, ...], tmp_path: Path
 ) -> None:
-    """``--bearer-token-env`` or ``--header NAME:env:VAR``: the value is sent, never logged."""
+    """``--bearer-token-env``, ``--header NAME:env:VAR`` or ``NAME:file:PATH``; never logged."""
     env = {"UPSTREAM_SECRET": TOKEN, "UPSTREAM_AUTH": f"Bearer {TOKEN}"}
+    token_file = tmp_path / "token"
+    token_file.write_text(f"Bearer {TOKEN}\n")
+    options = tuple(option.format(token_file=token_file) for option in options)
     async with proxy(
         f"--run-id={RUN}", f"--upstream-url={guarded_upstream}", *options, upstream=[], env=env
     ) as session:
@@ -477,6 +484,28 @@ async def test_the_embedded_store_lives_in_the_users_data_folder(
         if "embedded_redis_started" in line
     ]
     assert str(xdg / "canon" / "data") in line
+
+
+async def test_over_http_an_upstream_that_cannot_start_fails_its_session_only(
+    spawn: Any, redis_url: str, namespace: str
+) -> None:
+    """``--http`` with a missing command: each initialize gets a JSON-RPC error, one line each."""
+    port = free_port()
+    spawn(proxy_argv(redis_url, namespace, "--http", f"--port={port}", upstream=["/no/such/mcp"]))
+    url = f"http://127.0.0.1:{port}/mcp"
+    await wait_for(lambda: answering(url), timeout_s=30)
+    refused: list[BaseException] = []
+    for _ in range(2):
+        try:
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+        except* MCPError as errors:
+            refused.append(errors)
+    assert len(refused) == 2
+    assert repr(refused).count("the upstream MCP server could not be started") == 2
 
 
 def test_without_an_upstream_the_proxy_exits_2_with_one_line(redis_url: str) -> None:
