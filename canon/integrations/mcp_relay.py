@@ -179,6 +179,9 @@ class Relay:
         # The host's requests still unanswered: key -> (its id, its progress token).
         self._inflight: dict[tuple[type, Any], tuple[Any, Any]] = {}
         self._overdue: asyncio.Task[None] | None = None
+        # What the host set on the upstream, set again on a restarted one.
+        self._log_level: dict[str, Any] | None = None
+        self._subscriptions: set[str] = set()
         self._initialize: Message | None = None
         self._initialized_sent = False
         self.ready = asyncio.Event()
@@ -272,6 +275,7 @@ class Relay:
                     )
                     return
                 self._initialize = message
+            self._remember_session_state(method, params or {})
             await self._forward(request_id, method, message)
 
     async def _forward(self, request_id: Any, method: str, message: Message) -> None:
@@ -309,6 +313,8 @@ class Relay:
                     for upstream_id in upstream_ids:
                         await self._send_upstream_quietly(_cancelled(upstream_id, params))
                     task.cancel()
+                    # A cancelled request is never answered: it runs no longer.
+                    self._inflight.pop((type(cancelled), cancelled), None)
                     return
                 for upstream_id, (host_id, _) in list(self._forwarded.items()):
                     if type(host_id) is type(cancelled) and host_id == cancelled:
@@ -629,11 +635,38 @@ class Relay:
                         await self.upstream.send(
                             {"jsonrpc": "2.0", "method": "notifications/initialized"}
                         )
+                    await self._restore_session_state()
                 log.info("upstream_restarted", pid=self.upstream.pid)
                 return
             except (UpstreamError, UpstreamCallError, TimeoutError):
                 log.warning("upstream_restart_failed", restart_in_s=self._backoff_s)
                 await self.upstream.stop()
+
+    # -- what a restarted upstream must be told again ------------------------------------
+
+    def _remember_session_state(self, method: str, params: Mapping[str, Any]) -> None:
+        """Keep what the host set on the upstream, to set it again on a restarted one."""
+        uri = params.get("uri")
+        if method == "logging/setLevel":
+            self._log_level = dict(params)
+        elif method == "resources/subscribe" and isinstance(uri, str):
+            if len(self._subscriptions) < _MAX_TOOLS:
+                self._subscriptions.add(uri)
+        elif method == "resources/unsubscribe" and isinstance(uri, str):
+            self._subscriptions.discard(uri)
+
+    async def _restore_session_state(self) -> None:
+        """The host's log level and subscriptions, on a restarted upstream (answers unread)."""
+        requests: list[tuple[str, dict[str, Any]]] = []
+        if self._log_level is not None:
+            requests.append(("logging/setLevel", self._log_level))
+        requests.extend(
+            ("resources/subscribe", {"uri": uri}) for uri in sorted(self._subscriptions)
+        )
+        for method, params in requests:
+            upstream_id = next(self._ids)
+            request = {"jsonrpc": "2.0", "id": upstream_id, "method": method, "params": params}
+            await asyncio.wait_for(self._ask_upstream(upstream_id, request), self.start_timeout_s)
 
     # -- helpers -------------------------------------------------------------------------
 

@@ -56,6 +56,8 @@ TOOLS = [{"name": name, "inputSchema": {"type": "object"}}
 for line in sys.stdin.buffer:
     message = json.loads(line)
     method, request_id = message.get("method"), message.get("id")
+    with open(pidfile + ".methods", "a") as out:
+        out.write(f"{os.getpid()} {method}\n")
     if method is None or "id" not in message:
         continue
     if method == "initialize":
@@ -68,6 +70,8 @@ for line in sys.stdin.buffer:
             "instructions": "use echo"}})
     elif method == "tools/list":
         send({"jsonrpc": "2.0", "id": request_id, "result": {"tools": TOOLS}})
+    elif method in ("logging/setLevel", "resources/subscribe"):
+        send({"jsonrpc": "2.0", "id": request_id, "result": {}})
     elif method == "tools/call":
         name = message["params"]["name"]
         if name == "echo":
@@ -433,3 +437,30 @@ async def test_a_host_cancellation_closes_the_record_and_reaches_the_upstream(
         # The proxy still answers, and never answered the cancelled request.
         assert "result" in await host.request(2, "tools/call", call(0, "echo")["params"])
         assert (int, 1) not in host.answers
+
+
+async def test_a_restarted_upstream_gets_the_hosts_session_state_again(
+    launch: Any, pidfile: Path
+) -> None:
+    """Re-initialized with the host's initialize, then its log level and subscriptions."""
+    methods = Path(f"{pidfile}.methods")
+    async with launch() as host:
+        await host.initialize()
+        assert "result" in await host.request(1, "logging/setLevel", {"level": "debug"})
+        assert "result" in await host.request(2, "resources/subscribe", {"uri": "test://a"})
+        await host.send(call(3, "die", "call_die"))
+        await host.answer(3)
+        await wait_for(lambda: len(pids_in(pidfile)) == 2, timeout_s=30)
+        first, second = pids_in(pidfile)
+
+        def restored() -> bool:
+            seen = [line.split(" ", 1) for line in methods.read_text().splitlines()]
+            return [method for pid, method in seen if int(pid) == second] == [
+                "initialize",
+                "notifications/initialized",
+                "logging/setLevel",
+                "resources/subscribe",
+            ]
+
+        await wait_for(restored, timeout_s=30)
+        assert first != second
