@@ -127,6 +127,7 @@ class Relay:
         timeout_s: most seconds one upstream ``tools/call`` may take (None: no bound).
         start_timeout_s: most seconds the upstream may take to answer ``initialize``.
         result_of: turns a recorded reply into the host's ``tools/call`` result.
+        error_of: turns a refused or failed call's reply into the host's result.
         version: the proxy's version, named in the ``initialize`` result's ``_meta``.
 
     """
@@ -167,7 +168,7 @@ class Relay:
         self._own: dict[int, asyncio.Future[Message]] = {}
         # host-facing id -> upstream's id exactly, for the upstream's requests to the host.
         self._reverse: dict[int, Any] = {}
-        # host's request id (type, value) -> running tools/call task and its upstream id.
+        # host's request id (type, value) -> running tools/call task and its upstream ids.
         self._calls: dict[tuple[type, Any], tuple[asyncio.Task[None], list[int]]] = {}
         self._specs: dict[str, ToolSpec] = {}
         # tool call id -> (the host's params, upstream ids): what the executor forwards.
@@ -184,13 +185,15 @@ class Relay:
         self._subscriptions: set[str] = set()
         self._initialize: Message | None = None
         self._initialized_sent = False
-        self.ready = asyncio.Event()
+        #: Why the upstream could not serve this host at all (then :attr:`fatal` is set).
         self.failed: str | None = None
         self._stopping = False
         self._restarting: asyncio.Task[None] | None = None
         self._bad_lines = 0
         self._backoff_s = 0.5
+        #: Set once the upstream answered the host's ``initialize``.
         self.initialized = asyncio.Event()
+        #: Set when the upstream failed before it ever served (see :attr:`failed`).
         self.fatal = asyncio.Event()
 
     # -- lifecycle ---------------------------------------------------------------------
