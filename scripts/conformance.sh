@@ -18,6 +18,12 @@ if [ "${1:-}" = "--check" ]; then
   exit 1
 fi
 
+local_node="$DIR/node_modules/.bin/node"
+if [ -f "$SUITE" ] && { [ "$(node_major "$local_node" || echo 0)" -ge 22 ] 2>/dev/null ||
+  [ "$(node_major node || echo 0)" -ge 22 ] 2>/dev/null; }; then
+  exit 0  # already installed
+fi
+
 if ! command -v npm >/dev/null 2>&1; then
   echo "no npm: the MCP conformance test will be skipped" >&2
   exit 0
