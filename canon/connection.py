@@ -19,6 +19,7 @@ import argparse
 import os
 import pathlib
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -93,6 +94,24 @@ def add_connection_args(
             default=0,
             help="the embedded server's loopback port (default: a free one)",
         )
+
+
+def user_data_dir() -> pathlib.Path:
+    r"""This user's data folder for canon: XDG on Linux, the platform's own elsewhere.
+
+    ``$XDG_DATA_HOME/canon`` (default ``~/.local/share/canon``) on Linux and BSD,
+    ``~/Library/Application Support/canon`` on macOS, ``%LOCALAPPDATA%\\canon`` on Windows.
+    """
+    home = pathlib.Path.home()
+    if os.name == "nt":
+        base = pathlib.Path(os.environ.get("LOCALAPPDATA") or home / "AppData" / "Local")
+    elif sys.platform == "darwin":
+        base = home / "Library" / "Application Support"
+    else:
+        xdg = os.environ.get("XDG_DATA_HOME", "")
+        # The XDG rule: a relative value is invalid and ignored.
+        base = pathlib.Path(xdg) if os.path.isabs(xdg) else home / ".local" / "share"
+    return base / "canon"
 
 
 def cluster_from_env() -> bool:
@@ -203,6 +222,8 @@ async def open_store(
             # Commands that create no record have no --ttl-s; the default then applies.
             ttl=timedelta(seconds=getattr(args, "ttl_s", None) or DEFAULT_TTL.total_seconds()),
             read_only=read_only,
+            # A command may bring its own limits (mcp-proxy's suit files and images).
+            **({"limits": args.limits} if getattr(args, "limits", None) is not None else {}),
         )
         await stack.enter_async_context(store)
         yield store

@@ -21,3 +21,5 @@ RET_PROBLEM: Final = 1
 RET_USAGE: Final = 2
 #: The Redis server could not be reached or used: fix the server or the network.
 RET_UNAVAILABLE: Final = 3
+#: ``canon mcp-proxy``: the upstream MCP server could not be started or never answered.
+RET_UPSTREAM: Final = 4

@@ -43,6 +43,10 @@ if ! [ -x /usr/bin/chromium ] || ! [ -x /usr/bin/chromedriver ]; then
   fi
 fi
 
+# The MCP proxy's conformance test runs the official suite (Node 22, from npm, into
+# .conformance/); without npm it is skipped with one line.
+./scripts/conformance.sh
+
 python3 -m venv .venv
 .venv/bin/python -m pip install -q --disable-pip-version-check -e '.[test]'
 .venv/bin/ruff check .

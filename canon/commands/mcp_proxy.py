@@ -2,12 +2,17 @@
 
 ``canon mcp-proxy [options] -- <command that starts an MCP server>`` starts the server as
 a child process on stdio (or ``--upstream-url`` reaches one over streamable HTTP) and is
-itself an MCP server that lists the upstream's tools and runs each ``tools/call`` through
-the boundary: canonical records, receipts and replay for the upstream's calls. It speaks
-MCP on stdio (standard output carries nothing but the protocol; logs go to standard
-error), or with ``--http`` over streamable HTTP on ``--host``/``--port`` until SIGTERM or
-SIGINT. Hosts name their calls with the ``_meta`` keys ``io.canon/tool_call_id`` and
-``io.canon/run_id``; see docs/integrations.md for the fallback ids of hosts that don't.
+itself that MCP server for the host: everything but ``tools/call`` passes through both
+ways unchanged (prompts, resources, completion, logging, progress, cancellation,
+sampling, elicitation, roots, notifications, instructions), and each ``tools/call`` runs
+through the boundary: canonical records, receipts and replay for the upstream's calls.
+It speaks MCP on stdio (standard output carries nothing but the protocol; logs go to
+standard error), or with ``--http`` over streamable HTTP on ``--host``/``--port`` until
+SIGTERM or SIGINT. Hosts name their calls with the ``_meta`` keys
+``io.canon/tool_call_id`` and ``io.canon/run_id``; see docs/integrations.md for the
+fallback ids of hosts that don't. Exit codes: 0 when the host goes away or on SIGTERM /
+SIGINT, 2 for bad options, 3 when Redis is unavailable, 4 when the upstream cannot start,
+exits before answering ``initialize`` or does not answer it within ``--start-timeout-s``.
 An upstream ``isError`` result reaches the host as the safe error, or, with
 ``--forward-tool-errors``, as the upstream's own text (scrubbed, bounded, recorded).
 """
@@ -16,18 +21,34 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
+import pathlib
 import signal
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import Callable
 from datetime import timedelta
+from importlib.metadata import PackageNotFoundError, version
 from typing import Any
 
 import structlog
 
-from canon.connection import add_connection_args, open_store
+from canon.argtypes import positive
+from canon.connection import add_connection_args, open_store, user_data_dir
+from canon.exitcodes import RET_UPSTREAM
 from canon.failures import CommandError
 from canon.service import add_logging_args, run_service
 from eventstore.store import Store
+from machine.limits import Limits
+
+#: Seconds one upstream tool call may take by default (0 on the command line: no bound).
+DEFAULT_TOOL_TIMEOUT_S = 300.0
+#: Seconds the upstream may take to answer ``initialize``.
+DEFAULT_START_TIMEOUT_S = 30.0
+#: Size limits that suit MCP payloads: files, images, long documents.
+DEFAULT_REQUEST_BYTES = 4 * 1024 * 1024
+DEFAULT_RESULT_BYTES = 16 * 1024 * 1024
+DEFAULT_RAW_BYTES = 16 * 1024 * 1024
+#: "No deadline": the run accepts calls for as long as the proxy serves (ten years).
+NO_DEADLINE = timedelta(days=3650)
 
 log = structlog.get_logger("canon.mcp_proxy")
 
@@ -52,13 +73,57 @@ def register(subparsers: Any) -> None:
         help="run of calls whose _meta names none (default: mcp-<connection id>)",
     )
     parser.add_argument(
-        "--deadline-s", type=int, default=3600, help="each run's deadline in seconds (3600)"
+        "--deadline-s",
+        type=int,
+        default=None,
+        help="each run's deadline in seconds (default: none, the run lasts as the proxy does)",
     )
     parser.add_argument(
         "--budget", type=int, default=None, help="most invocations per run (no limit)"
     )
     parser.add_argument(
-        "--tool-timeout-s", type=float, default=None, help="most seconds per upstream call"
+        "--tool-timeout-s",
+        type=float,
+        default=DEFAULT_TOOL_TIMEOUT_S,
+        help="most seconds per upstream tool call; 0 for none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--start-timeout-s",
+        type=float,
+        default=DEFAULT_START_TIMEOUT_S,
+        help="most seconds the upstream may take to answer initialize (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-request-bytes",
+        type=positive,
+        default=DEFAULT_REQUEST_BYTES,
+        help="largest tool call arguments recorded, in bytes (default: %(default)s, 4 MiB)",
+    )
+    parser.add_argument(
+        "--max-result-bytes",
+        type=positive,
+        default=DEFAULT_RESULT_BYTES,
+        help="largest tool result the host gets, in bytes (default: %(default)s, 16 MiB)",
+    )
+    parser.add_argument(
+        "--max-raw-bytes",
+        type=positive,
+        default=DEFAULT_RAW_BYTES,
+        help="largest raw upstream response recorded, in bytes (default: %(default)s, 16 MiB)",
+    )
+    parser.add_argument(
+        "--header",
+        action="append",
+        default=[],
+        metavar="NAME:VALUE",
+        help="with --upstream-url, an HTTP header to send; VALUE env:VAR or file:PATH reads "
+        "it from there (repeatable; values are never printed)",
+    )
+    parser.add_argument(
+        "--bearer-token-env",
+        default=None,
+        metavar="VAR",
+        help="with --upstream-url, send Authorization: Bearer <the value of VAR>",
     )
     parser.add_argument(
         "--on-duplicate",
@@ -73,6 +138,8 @@ def register(subparsers: Any) -> None:
         "so its model can correct the call, instead of the safe error",
     )
     add_logging_args(parser)
+    # A desktop host starts the proxy from anywhere: the data folder must not depend on it.
+    parser.set_defaults(data_dir=user_data_dir() / "data")
     parser.add_argument(
         "upstream",
         nargs=argparse.REMAINDER,
@@ -88,58 +155,149 @@ def _upstream_command(args: argparse.Namespace) -> list[str]:
     return command
 
 
-@asynccontextmanager
-async def _proxy(args: argparse.Namespace, store: Store) -> AsyncIterator[Any]:
-    # Imported here: the base install has no MCP SDK, and `canon --help` must not need it.
-    from canon.integrations.mcp import RunOptions
-    from canon.integrations.mcp_proxy import connect_upstream, proxy_server
+def limits_of(args: argparse.Namespace) -> Limits:
+    """The store's limits for MCP payloads (files, images): the flags' sizes."""
+    return Limits(
+        request_bytes=args.max_request_bytes,
+        raw_bytes=args.max_raw_bytes,
+        result_bytes=args.max_result_bytes,
+        record_bytes=args.max_request_bytes + args.max_raw_bytes + args.max_result_bytes + 65536,
+    )
 
-    async with AsyncExitStack() as stack:
-        session = await stack.enter_async_context(
-            connect_upstream(_upstream_command(args), url=args.upstream_url)
-        )
-        server = await stack.enter_async_context(
-            proxy_server(
-                store,
-                session,
-                run_id=args.run_id,
-                run_options=RunOptions(
-                    deadline=timedelta(seconds=args.deadline_s), budget=args.budget
-                ),
-                on_duplicate=args.on_duplicate,
-                timeout_s=args.tool_timeout_s,
-                forward_tool_errors=args.forward_tool_errors,
-            )
-        )
-        yield server
+
+def upstream_headers(args: argparse.Namespace) -> dict[str, str]:
+    """The HTTP headers of ``--header`` and ``--bearer-token-env``, read from env or files.
+
+    Raises:
+        CommandError: a header is malformed or its source is missing (named, never its value).
+
+    """
+    headers: dict[str, str] = {}
+    for item in args.header:
+        name, sep, value = item.partition(":")
+        name = name.strip()
+        if not sep or not name or any(c.isspace() for c in name):
+            raise CommandError("--header takes NAME:VALUE")
+        value = value.strip()
+        if value.startswith("env:"):
+            variable = value[4:]
+            if variable not in os.environ:
+                raise CommandError(f"--header {name}: ${variable} is not set")
+            value = os.environ[variable]
+        elif value.startswith("file:"):
+            try:
+                value = pathlib.Path(value[5:]).read_text(encoding="utf-8").strip()
+            except OSError as exc:
+                raise CommandError(
+                    f"--header {name}: cannot read the file ({exc.strerror})"
+                ) from None
+        headers[name] = value
+    if args.bearer_token_env:
+        token = os.environ.get(args.bearer_token_env)
+        if not token:
+            raise CommandError(f"--bearer-token-env: ${args.bearer_token_env} is not set")
+        headers["Authorization"] = f"Bearer {token}"
+    return headers
+
+
+def _run_options(args: argparse.Namespace) -> Any:
+    from canon.integrations.mcp import RunOptions
+
+    deadline = timedelta(seconds=args.deadline_s) if args.deadline_s else NO_DEADLINE
+    return RunOptions(deadline=deadline, budget=args.budget)
+
+
+def _tool_timeout(args: argparse.Namespace) -> float | None:
+    return args.tool_timeout_s if args.tool_timeout_s and args.tool_timeout_s > 0 else None
+
+
+def _line_bytes(args: argparse.Namespace) -> int:
+    """The longest protocol line either side may send: the largest payload and its envelope."""
+    return int(max(args.max_request_bytes, args.max_raw_bytes) + 65536)
+
+
+def _upstream(args: argparse.Namespace) -> Any:
+    from canon.integrations.mcp_upstream import ChildUpstream, HttpUpstream
+
+    if args.upstream_url is not None:
+        return HttpUpstream(args.upstream_url, headers=upstream_headers(args))
+    return ChildUpstream(_upstream_command(args), max_line_bytes=_line_bytes(args))
+
+
+def _relay(args: argparse.Namespace, store: Store, send: Any) -> Any:
+    from canon.integrations.mcp_proxy import error_result, host_result, open_runs_with
+    from canon.integrations.mcp_relay import Relay
+
+    return Relay(
+        store,
+        _upstream(args),
+        send,
+        run_id=args.run_id,
+        open_run=open_runs_with(store, _run_options(args)),
+        on_duplicate=args.on_duplicate,
+        timeout_s=_tool_timeout(args),
+        start_timeout_s=args.start_timeout_s,
+        forward_tool_errors=args.forward_tool_errors,
+        result_of=host_result,
+        error_of=lambda reply: error_result(reply, limits=args.limits),
+        version=_version(),
+    )
 
 
 async def _serve_stdio(args: argparse.Namespace) -> None:
-    from mcp.server.stdio import stdio_server
+    from canon.integrations.mcp_stdio import HostStdio
+    from canon.integrations.mcp_upstream import UpstreamError
 
-    # The protocol's streams first: from here on standard output belongs to MCP (the SDK
-    # points fd 1 at stderr while it serves), so no child and no log can write to it.
+    # The protocol's stream first: from here on standard output belongs to MCP alone.
     async with (
-        stdio_server() as (read_stream, write_stream),
+        HostStdio(max_line_bytes=_line_bytes(args)) as host,
         open_store(args, embedded=True) as store,
-        _proxy(args, store) as server,
     ):
-        log.info("mcp_proxy_started", transport="stdio")
-        await server.run(read_stream, write_stream, server.create_initialization_options())
+        relay = _relay(args, store, host.send)
+        try:
+            await relay.start()
+        except UpstreamError as exc:
+            raise CommandError(str(exc), RET_UPSTREAM) from None
+        log.info("mcp_proxy_started", transport="stdio", upstream_pid=relay.upstream.pid)
+        stopped = asyncio.Event()
+        _stop_on_signals(stopped.set)
+        reading = asyncio.create_task(host.serve(relay.from_host))
+        waits = [
+            reading,
+            asyncio.create_task(stopped.wait()),
+            asyncio.create_task(relay.fatal.wait()),
+        ]
+        try:
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for task in waits:
+                task.cancel()
+            await relay.stop()
+        if relay.fatal.is_set():
+            raise CommandError(relay.failed or "the upstream failed", RET_UPSTREAM)
+        log.info("mcp_proxy_stopped", reason="signal" if stopped.is_set() else "host closed")
 
 
 async def _serve_http(args: argparse.Namespace) -> None:
+    from canon.integrations.mcp_http import RelayHttpApp
     from projections.worker.supervisor import ReceiptServer
 
-    async with open_store(args, embedded=True) as store, _proxy(args, store) as server:
-        app = server.streamable_http_app()
+    async with open_store(args, embedded=True) as store:
+        app = RelayHttpApp(lambda send: _relay(args, store, send), host=args.host)
         http = ReceiptServer(app, host=args.host, port=args.port)
         _stop_on_signals(http.stop)
-        async with server.session_manager.run():
+        async with app.run():
             serving = asyncio.create_task(http.serve())
             await _announce(http, serving)
             await serving
         log.info("server_stopped")
+
+
+def _version() -> str:
+    try:
+        return version("canon")
+    except PackageNotFoundError:
+        return "0"
 
 
 def _stop_on_signals(stop: Callable[[], None]) -> None:
@@ -160,6 +318,9 @@ async def _announce(http: Any, serving: asyncio.Task[None]) -> None:
 async def _serve(args: argparse.Namespace) -> None:
     if bool(_upstream_command(args)) == (args.upstream_url is not None):
         raise CommandError("name the upstream MCP server: -- <command>, or --upstream-url")
+    if (args.header or args.bearer_token_env) and args.upstream_url is None:
+        raise CommandError("--header and --bearer-token-env need --upstream-url")
+    args.limits = limits_of(args)
     try:
         import canon.integrations.mcp  # noqa: F401
     except ImportError as error:

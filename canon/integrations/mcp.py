@@ -5,7 +5,8 @@ puts its own ids in the request's ``_meta`` under :data:`TOOL_CALL_ID_KEY`
 (``io.canon/tool_call_id``) and :data:`RUN_ID_KEY` (``io.canon/run_id``); :func:`call_tool`
 does that on a ``ClientSession``. A host that sends none gets a stable fallback that never
 collides across connections: the run id ``mcp-<connection id>`` and the tool call id
-``mcp-<connection id>-<JSON-RPC request id>``, where the connection id is the HTTP
+``mcp-<connection id>-<JSON-RPC request id>`` (a string id with an ``s`` before it, so ``502``
+and ``"502"`` stay two calls: :func:`fallback_call_id`), where the connection id is the HTTP
 ``Mcp-Session-Id`` or, on stdio and in-process transports, a random id drawn once per
 connection (a stateless HTTP request is its own connection). Every result's ``_meta``
 tells the host which ids the call was recorded under (and its ``io.canon/invocation_id``).
@@ -21,6 +22,7 @@ with ``{}``.
 
 from __future__ import annotations
 
+import hashlib
 import re
 import secrets
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
@@ -72,6 +74,7 @@ __all__ = [
     "call_ids",
     "call_meta",
     "call_tool",
+    "fallback_call_id",
     "json_result",
     "serve_tools",
     "tool_definitions",
@@ -80,6 +83,8 @@ __all__ = [
 # A session id the fallback run id may embed as it is (run ids are key-safe).
 _SAFE_SESSION_ID = re.compile(r"[A-Za-z0-9_\-]{1,64}")
 _SESSION_HEADER = "mcp-session-id"
+# A string JSON-RPC id a fallback tool call id may embed as it is.
+_SAFE_REQUEST_ID = re.compile(r"[A-Za-z0-9_.\-]{1,64}")
 
 ResultOf = Callable[[ToolResult], types.CallToolResult]
 
@@ -249,8 +254,22 @@ def call_ids(
     if TOOL_CALL_ID_KEY in meta:
         tool_call_id = _text(meta[TOOL_CALL_ID_KEY])
     else:
-        tool_call_id = f"{FALLBACK_PREFIX}-{connection_id}-{ctx.request_id}"
+        tool_call_id = fallback_call_id(connection_id, ctx.request_id)
     return run_id, tool_call_id
+
+
+def fallback_call_id(connection_id: str, request_id: str | int | None) -> str:
+    """The tool call id of a call whose ``_meta`` names none, unique per JSON-RPC id.
+
+    An integer id is used as it is, a string one with an ``s`` before it (a hash when it
+    is not a short safe token), so ``502`` and ``"502"`` are two calls.
+    """
+    if request_id is None or isinstance(request_id, int):
+        return f"{FALLBACK_PREFIX}-{connection_id}-{request_id}"
+    if _SAFE_REQUEST_ID.fullmatch(request_id):
+        return f"{FALLBACK_PREFIX}-{connection_id}-s{request_id}"
+    digest = hashlib.sha256(request_id.encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return f"{FALLBACK_PREFIX}-{connection_id}-x{digest}"
 
 
 def _text(value: Any) -> str:

@@ -1,225 +1,105 @@
-"""An MCP proxy: any MCP server's tools, every call recorded through the boundary.
+"""What ``canon mcp-proxy`` records and what the host gets back for a recorded call.
 
-:func:`proxy_server` lists the upstream server's tools once (names, descriptions, input
-and output schemas passed through as listed) and serves them with
-:func:`canon.integrations.mcp.build_server`. Each ``tools/call`` becomes an invocation:
-the executor calls the upstream's ``tools/call`` and its raw response, stored in the
-record, is the upstream's ``CallToolResult`` as JSON; the projector's bounded result is
-what the host sees, the upstream's ``content`` (and ``structuredContent``) within the
-store's limits, with evidence found when the upstream returned any. An upstream
-``isError: true`` result fails the invocation (EXECUTION_FAILED): by default the host sees
-the safe error, never the upstream's error text (which only the raised exception, and so
-the harness-only failure detail, carries). With ``forward_tool_errors`` (``canon
-mcp-proxy --forward-tool-errors``) the host sees the upstream's error text instead, so
-that its model can correct the call: the text of the result's ``text`` blocks, one per
-line, scrubbed of secrets and within the agent result limit (else the safe error), as
-one ``isError: true`` text block, recorded as the failed record's agent result.
-:func:`connect_upstream` starts the upstream (a command on stdio) or reaches it (a
-streamable-HTTP URL). ``canon mcp-proxy`` is the command line around both.
+The proxy itself is :mod:`canon.integrations.mcp_relay` (the transparent relay, where each
+``tools/call`` goes through the boundary), with the upstream in
+:mod:`canon.integrations.mcp_upstream` and the host's side in
+:mod:`canon.integrations.mcp_stdio` and :mod:`canon.integrations.mcp_http`. This module
+holds the proxy's answers: :func:`host_result` (the upstream's result as recorded),
+:func:`error_result` (a refused or failed call: the upstream's own error text when its
+record holds one, else :func:`safe_error_result`, with :func:`limit_hint` naming the flag
+of a size limit) and :func:`open_runs_with` (the runs it opens).
+
+An upstream ``isError: true`` result fails the invocation (EXECUTION_FAILED): by default
+the host sees the safe error, never the upstream's error text (which only the raised
+:class:`~canon.integrations.mcp_relay.UpstreamToolError`, and so the harness-only failure
+detail, carries). With ``canon mcp-proxy --forward-tool-errors`` (the relay's
+``forward_tool_errors``) the host sees the upstream's error text instead, so that its
+model can correct the call: the text of the result's ``text`` blocks, one per line,
+scrubbed of secrets and within the agent result limit (else the safe error), as one
+``isError: true`` text block, recorded as the failed record's agent result.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any, Final
+import json
+from collections.abc import Awaitable, Callable
+from typing import Any
 
-from canon.integrations._shared import require
-from canon.integrations.mcp import RunOptions, build_server, json_result
-from eventstore.boundary.contracts import Projection, ToolCall, ToolResult, ToolSpec
-from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
-from eventstore.errors import CanonError
+from canon.integrations._shared import reply_payload, require
+from canon.integrations.mcp import RunOptions, json_result
+from eventstore.boundary.contracts import AgentReply, ToolError, ToolResult
+from eventstore.errors import CanonError, RunExists
 from eventstore.store import Store
+from machine.codes import ErrorCode
+from machine.limits import Limits
 
 require("mcp", "mcp")
 
-import mcp_types as types  # noqa: E402  (after the extra's check, on purpose)
-import pydantic  # noqa: E402
-from mcp.client.session import ClientSession  # noqa: E402
-from mcp.client.stdio import StdioServerParameters, stdio_client  # noqa: E402
-from mcp.client.streamable_http import streamable_http_client  # noqa: E402
-from mcp.server.lowlevel import Server  # noqa: E402
 
-#: Environment variables of canon's own connection, never handed to the upstream server.
-PRIVATE_ENV_PREFIXES: Final = ("REDIS_", "CANON_")
-#: Most pages of ``tools/list`` read from the upstream: a paginator that never ends
-#: cannot keep the proxy from starting.
-MAX_LIST_PAGES: Final = 100
-# Most characters of an upstream error's text kept as failure detail.
-_DETAIL_CHARS = 2000
+def host_result(reply: ToolResult) -> dict[str, Any]:
+    """The host's ``tools/call`` result for a recorded reply: the upstream's, as recorded."""
+    result = reply.result
+    if isinstance(result, dict) and isinstance(result.get("content"), list):
+        return dict(result)
+    return json_result(reply).model_dump(mode="json", by_alias=True, exclude_none=True)
 
 
-class UpstreamToolError(CanonError):
-    """Raised when the upstream server answers a call with ``isError: true``.
+def error_result(reply: AgentReply, *, limits: Limits | None = None) -> dict[str, Any]:
+    """The host's result for a refused or failed call.
 
-    Attributes:
-        text: the result's ``text`` blocks, one per line, whole (the message keeps at most
-            2,000 characters of it, for the failure detail).
-
+    A failed call whose record holds the tool's own error text (the upstream's ``isError``
+    text, forwarded with ``--forward-tool-errors``; :attr:`ToolError.from_tool`) gets one
+    ``isError: true`` text block with that text, scrubbed and bounded by the boundary, as
+    the upstream answers its tools' errors; any other reply (a size error among them) gets
+    :func:`safe_error_result`.
     """
+    if isinstance(reply, ToolError) and reply.from_tool:
+        return {"content": [{"type": "text", "text": reply.message}], "isError": True}
+    return safe_error_result(reply, limits=limits)
 
-    def __init__(self, text: str) -> None:
-        super().__init__(text[:_DETAIL_CHARS])
-        self.text = text
 
+def safe_error_result(reply: AgentReply, *, limits: Limits | None = None) -> dict[str, Any]:
+    """The host's result for a refused or failed call: ``isError`` with the safe error.
 
-def upstream_error_text(error: Exception) -> str:
-    """The agent-facing text of an upstream's ``isError`` result (a ``ToolSpec.error_result``).
-
-    Only the upstream's own tool errors are forwarded: any other failure of the call (the
-    connection, a JSON-RPC error, the time limit) gives ``""``, which leaves the host the
-    safe error.
+    A call over one of the proxy's size limits also says which limit, its size and the
+    ``canon mcp-proxy`` flag that raises it (under ``limit``): the fixed message alone
+    would leave a desktop user guessing.
     """
-    return error.text if isinstance(error, UpstreamToolError) else ""
+    payload = reply_payload(reply)
+    hint = limit_hint(reply, limits) if limits is not None else None
+    if hint is not None:
+        payload = {**payload, "limit": hint}
+    return {"content": [{"type": "text", "text": json.dumps(payload)}], "isError": True}
 
 
-def upstream_environment() -> dict[str, str]:
-    """This process's environment without canon's connection settings (URLs, passwords)."""
-    return {
-        name: value
-        for name, value in os.environ.items()
-        if not name.startswith(PRIVATE_ENV_PREFIXES)
-    }
-
-
-@asynccontextmanager
-async def connect_upstream(
-    command: Sequence[str] | None = None, *, url: str | None = None
-) -> AsyncIterator[ClientSession]:
-    """Start ``command`` as a stdio MCP server (or reach ``url``) and hand an open session.
-
-    The child inherits this process's environment (without canon's own settings) and
-    its standard error; it stops when the block ends.
-    """
-    async with AsyncExitStack() as stack:
-        if url is not None:
-            read_stream, write_stream = await stack.enter_async_context(streamable_http_client(url))
-        elif command:
-            parameters = StdioServerParameters(
-                command=command[0], args=list(command[1:]), env=upstream_environment()
-            )
-            read_stream, write_stream = await stack.enter_async_context(stdio_client(parameters))
-        else:
-            raise ValueError("connect_upstream needs a command or a url")
-        session = await stack.enter_async_context(ClientSession(read_stream, write_stream))
-        await session.initialize()
-        yield session
-
-
-async def list_upstream_tools(session: ClientSession) -> list[types.Tool]:
-    """Every tool the upstream lists, following its pages."""
-    tools: list[types.Tool] = []
-    cursor: str | None = None
-    for _ in range(MAX_LIST_PAGES):
-        page = await session.list_tools(
-            params=types.PaginatedRequestParams(cursor=cursor) if cursor else None
+def limit_hint(reply: AgentReply, limits: Limits) -> str | None:
+    """For a call refused or failed over a size limit, the limit and its flag, else None."""
+    if not isinstance(reply, ToolError):
+        return None
+    if reply.error_code is ErrorCode.REQUEST_TOO_LARGE:
+        return (
+            f"the arguments are over {limits.request_bytes} bytes or {limits.json_depth} "
+            "levels deep; raise it with --max-request-bytes"
         )
-        tools.extend(page.tools)
-        cursor = page.next_cursor
-        if not cursor:
-            break
-    return tools
-
-
-def upstream_specs(
-    session: ClientSession,
-    tools: Sequence[types.Tool],
-    *,
-    timeout_s: float | None = None,
-    forward_tool_errors: bool = False,
-) -> dict[str, ToolSpec]:
-    """One ToolSpec per upstream tool, its executor calling the upstream.
-
-    With ``forward_tool_errors``, an upstream ``isError`` result's text is what the host
-    is shown (:func:`upstream_error_text`).
-    """
-    return {
-        tool.name: ToolSpec(
-            executor=_Upstream(session, tool.name),
-            projector=project_upstream,
-            timeout_s=timeout_s,
-            description=tool.description or "",
-            input_schema=tool.input_schema,
-            error_result=upstream_error_text if forward_tool_errors else None,
+    if reply.error_code is ErrorCode.RESULT_TOO_LARGE:
+        return (
+            f"the upstream's result is over {limits.raw_bytes} bytes (--max-raw-bytes) or its "
+            f"result over {limits.result_bytes} bytes (--max-result-bytes); raise them"
         )
-        for tool in tools
-    }
+    return None
 
 
-def project_upstream(raw: Any, call: ToolCall) -> Projection:
-    """The bounded result: the upstream's content (and structured content), evidence if any."""
-    result: dict[str, Any] = {"content": raw.get("content", [])}
-    if raw.get("structuredContent") is not None:
-        result["structuredContent"] = raw["structuredContent"]
-    found = bool(result["content"]) or "structuredContent" in result
-    return Projection(
-        result=result,
-        evidence_status="EVIDENCE_FOUND" if found else "NO_EVIDENCE",
-        scope=f"mcp tool {call.tool}",
-    )
+def open_runs_with(store: Store, options: RunOptions) -> Callable[[str], Awaitable[None]]:
+    """Open a run on its first call with ``options``; a run that exists is used as it is."""
 
+    async def ensure(run_id: str) -> None:
+        try:
+            await store.open_run(run_id, deadline=options.deadline, budget=options.budget)
+        except RunExists:
+            pass
+        except CanonError:
+            # An unsafe id or Redis away: the boundary answers the call with the matching
+            # safe error, so nothing is decided here.
+            pass
 
-def upstream_result(reply: ToolResult) -> types.CallToolResult:
-    """The host's result for a recorded upstream answer, as the upstream shaped it."""
-    try:
-        return types.CallToolResult.model_validate(reply.result)
-    except pydantic.ValidationError:
-        return json_result(reply)
-
-
-@asynccontextmanager
-async def proxy_server(
-    store: Store,
-    session: ClientSession,
-    *,
-    run_id: str | None = None,
-    run_options: RunOptions | None = None,
-    on_duplicate: OnDuplicate = "replay",
-    timeout_s: float | None = None,
-    name: str = "canon-mcp-proxy",
-    forward_tool_errors: bool = False,
-) -> AsyncIterator[Server[dict[str, Any]]]:
-    """An MCP server in front of ``session``'s server, recording every call in ``store``.
-
-    Runs are opened on their first call with ``run_options`` (a run opened beforehand,
-    for instance by the harness that holds its receipt token, is used as it is).
-    ``on_duplicate`` defaults to ``"replay"``: a host that re-sends a call with the same
-    ``io.canon/tool_call_id`` gets the recorded answer and the upstream is not called
-    again. ``forward_tool_errors``: the host sees an upstream ``isError`` result's text
-    (scrubbed, bounded, recorded) instead of the safe error; see the module docstring.
-    """
-    tools = await list_upstream_tools(session)
-    specs = upstream_specs(
-        session, tools, timeout_s=timeout_s, forward_tool_errors=forward_tool_errors
-    )
-    boundary = ToolBoundary(store, specs, on_duplicate=on_duplicate)
-    try:
-        yield build_server(
-            boundary,
-            tools,
-            name=name,
-            run_id=run_id,
-            open_runs=(store, run_options or RunOptions()),
-            result_of=upstream_result,
-        )
-    finally:
-        boundary.close()
-
-
-class _Upstream:
-    """The executor of one upstream tool: its raw response is the upstream's result."""
-
-    def __init__(self, session: ClientSession, tool: str) -> None:
-        self._session = session
-        self._tool = tool
-
-    async def __call__(self, arguments: Mapping[str, Any], call: ToolCall) -> Any:
-        result = await self._session.call_tool(self._tool, dict(arguments))
-        if result.is_error:
-            raise UpstreamToolError(
-                "\n".join(
-                    block.text for block in result.content if isinstance(block, types.TextContent)
-                )
-            )
-        return result.model_dump(mode="json", by_alias=True, exclude_none=True)
+    return ensure

@@ -25,6 +25,7 @@ import httpx
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, TextContent
 
 from canon.integrations.mcp import INVOCATION_ID_KEY, RUN_ID_KEY, TOOL_CALL_ID_KEY, call_tool
@@ -57,13 +58,15 @@ def free_port() -> int:
         return int(probe.getsockname()[1])
 
 
-def proxy_argv(redis_url: str, namespace: str, *options: str, upstream: list[str]) -> list[str]:
+def proxy_argv(
+    redis_url: str | None, namespace: str, *options: str, upstream: list[str]
+) -> list[str]:
     return [
         sys.executable,
         "-m",
         "canon.cli",
         "mcp-proxy",
-        f"--redis-url={redis_url}",
+        *([f"--redis-url={redis_url}"] if redis_url else []),
         f"--namespace={namespace}",
         *options,
         "--",
@@ -103,24 +106,35 @@ def proxy(
     """
 
     @asynccontextmanager
-    async def connect(*options: str, upstream: list[str] | None = None) -> AsyncIterator[Any]:
+    async def connect(
+        *options: str,
+        upstream: list[str] | None = None,
+        env: dict[str, str] | None = None,
+        initialize: bool = True,
+        embedded: bool = False,
+        cwd: Path = ROOT,
+    ) -> AsyncIterator[Any]:
         argv = proxy_argv(
-            redis_url,
+            None if embedded else redis_url,
             namespace,
             *options,
             upstream=upstream if upstream is not None else [*UPSTREAM, str(count_file)],
         )
         log = tmp_path / f"proxy-{len(stderr_logs)}.stderr"
         stderr_logs.append(log)
+        environment = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+        if embedded:
+            environment.pop("REDIS_URL", None)
         parameters = StdioServerParameters(
-            command=argv[0], args=argv[1:], env=dict(os.environ), cwd=str(ROOT)
+            command=argv[0], args=argv[1:], env=environment, cwd=str(cwd)
         )
         with log.open("w") as errlog:
             async with (
                 stdio_client(parameters, errlog=errlog) as (read, write),
                 ClientSession(read, write) as session,
             ):
-                await session.initialize()
+                if initialize:
+                    await session.initialize()
                 yield session
         # The proxy logs to stderr (so the leak check after the test reads real logs).
         assert "mcp_proxy_started" in log.read_text()
@@ -177,7 +191,6 @@ async def test_a_call_is_recorded_with_the_hosts_ids_and_gets_a_receipt(
         "content": [{"type": "text", "text": f"answer to {MARKER}"}],
         "structuredContent": {"result": f"answer to {MARKER}"},
         "isError": False,
-        "resultType": "complete",
     }
     assert record.result is not None and json.loads(record.result) == {
         "content": [{"type": "text", "text": f"answer to {MARKER}"}],
@@ -257,6 +270,33 @@ async def test_without_forward_tool_errors_the_upstreams_text_stays_out(
     assert record is not None and record.result is None
 
 
+async def test_forward_tool_errors_replays_the_text_and_keeps_a_size_errors_hint(
+    proxy: Any, make_store: Any, count_file: Path
+) -> None:
+    """With ``--forward-tool-errors`` a re-sent failed call gets the same upstream text
+    without the upstream running again, and a result over ``--max-result-bytes`` is still
+    canon's safe error JSON whose ``limit`` names the flag, never a tool text."""
+    store: Store = make_store()
+    options = (f"--run-id={RUN}", "--forward-tool-errors", "--max-result-bytes=256")
+    async with proxy(*options) as session:
+        first = await call_tool(session, "fail", {"q": "x"}, tool_call_id="call_crash")
+        again = await call_tool(session, "fail", {"q": "x"}, tool_call_id="call_crash")
+        big = await call_tool(session, "lookup", {"q": "x" * 1000}, tool_call_id="call_big")
+
+    assert first.is_error and again.is_error
+    assert text_of(first) == text_of(again) == "Error executing tool fail"
+    assert len(first.content) == len(again.content) == 1
+    assert big.is_error and len(big.content) == 1
+    error = json.loads(text_of(big))
+    assert error["error_code"] == "RESULT_TOO_LARGE"
+    assert "--max-result-bytes" in error["limit"]
+    assert upstream_runs(count_file) == ["fail", "lookup"]
+    record = await store.get(RUN, "call_big")
+    assert record is not None and record.state.status is Status.ERROR
+    assert record.state.error_code is ErrorCode.RESULT_TOO_LARGE
+    assert record.result is None
+
+
 async def test_omitted_arguments_reach_the_upstream_as_an_empty_object(
     proxy: Any, make_store: Any
 ) -> None:
@@ -329,20 +369,31 @@ async def test_the_run_options_bound_each_run(proxy: Any, count_file: Path) -> N
 async def test_parallel_calls_share_the_upstream_and_each_gets_its_answer(
     proxy: Any, make_store: Any, count_file: Path
 ) -> None:
-    """Five calls in flight at once, one failing, one unknown: each answered as itself."""
+    """Five calls in flight at once, one failing, one unknown: each answered as itself.
+
+    The unknown tool reaches the upstream, which answers it as it would without the
+    proxy; nothing ran, so nothing is recorded.
+    """
     store: Store = make_store()
     calls = [("lookup", "a"), ("lookup", "b"), ("fail", "c"), ("lookup", "d"), ("nope", "e")]
     async with proxy(f"--run-id={RUN}") as session:
         results = await asyncio.gather(
-            *(call_tool(session, tool, {"q": q}, tool_call_id=f"call_{q}") for tool, q in calls)
+            *(call_tool(session, tool, {"q": q}, tool_call_id=f"call_{q}") for tool, q in calls),
+            return_exceptions=True,
         )
     for (tool, q), result in zip(calls, results, strict=True):
+        if tool == "nope":
+            assert isinstance(result, MCPError) or (
+                isinstance(result, CallToolResult) and result.is_error and not result.meta
+            )
+            continue
+        assert isinstance(result, CallToolResult)
         assert result.meta is not None and result.meta[TOOL_CALL_ID_KEY] == f"call_{q}"
         if tool == "lookup":
             assert text_of(result) == f"answer to {q}"
         else:
-            code = "EXECUTION_FAILED" if tool == "fail" else "UNKNOWN_TOOL"
-            assert result.is_error and json.loads(text_of(result))["error_code"] == code
+            assert result.is_error
+            assert json.loads(text_of(result))["error_code"] == "EXECUTION_FAILED"
     assert sorted(upstream_runs(count_file)) == ["fail", "lookup", "lookup", "lookup"]
     assert await store.get(RUN, "call_e") is None
 
@@ -352,12 +403,17 @@ def spawn(tmp_path: Path, stderr_logs: list[Path]) -> Iterator[Any]:
     """Starts processes with their output in a file; kills and reaps the survivors."""
     processes: list[subprocess.Popen[bytes]] = []
 
-    def start(argv: list[str]) -> subprocess.Popen[bytes]:
+    def start(argv: list[str], env: dict[str, str] | None = None) -> subprocess.Popen[bytes]:
         log = tmp_path / f"spawned-{len(processes)}.log"
         stderr_logs.append(log)
         with log.open("wb") as out:
             process = subprocess.Popen(
-                argv, stdin=subprocess.DEVNULL, stdout=out, stderr=out, cwd=ROOT
+                argv,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=out,
+                cwd=ROOT,
+                env={**os.environ, **(env or {})},
             )
         processes.append(process)
         return process
@@ -432,6 +488,102 @@ async def test_an_upstream_over_streamable_http_is_proxied_on_stdio(
     record = await store.get(RUN, "call_far")
     assert record is not None and record.state.status is Status.READY
     assert upstream_runs(count_file) == ["lookup"]
+
+
+#: The upstream's bearer token; it must never appear in a log.
+TOKEN = "PAYLOAD-MARKER-token-3f9a"
+
+
+@pytest.fixture
+async def guarded_upstream(spawn: Any, count_file: Path) -> str:
+    """An upstream over streamable HTTP that answers 401 without ``Bearer`` :data:`TOKEN`."""
+    port = free_port()
+    spawn([*UPSTREAM, str(count_file), str(port)], env={"UPSTREAM_BEARER_TOKEN": TOKEN})
+    url = f"http://127.0.0.1:{port}/mcp"
+    await wait_for(lambda: answering(url), timeout_s=30)
+    return url
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        ("--bearer-token-env=UPSTREAM_SECRET",),
+        ("--header=Authorization:env:UPSTREAM_AUTH",),
+        ("--header=Authorization:file:{token_file}",),
+    ],
+)
+async def test_an_upstream_url_gets_its_credentials_from_the_environment_or_a_file(
+    proxy: Any, guarded_upstream: str, options: tuple[str, ...], tmp_path: Path
+) -> None:
+    """``--bearer-token-env``, ``--header NAME:env:VAR`` or ``NAME:file:PATH``; never logged."""
+    env = {"UPSTREAM_SECRET": TOKEN, "UPSTREAM_AUTH": f"Bearer {TOKEN}"}
+    token_file = tmp_path / "token"
+    token_file.write_text(f"Bearer {TOKEN}\n")
+    options = tuple(option.format(token_file=token_file) for option in options)
+    async with proxy(
+        f"--run-id={RUN}", f"--upstream-url={guarded_upstream}", *options, upstream=[], env=env
+    ) as session:
+        result = await call_tool(session, "lookup", {"q": "far"}, tool_call_id="call_auth")
+    assert text_of(result) == "answer to far"
+
+
+async def test_an_upstream_401_is_one_line_and_the_proxy_stays_up(
+    proxy: Any, guarded_upstream: str, stderr_logs: list[Path]
+) -> None:
+    """No credentials: the host's initialize fails with a JSON-RPC error; one stderr line."""
+    async with proxy(
+        f"--upstream-url={guarded_upstream}", upstream=[], initialize=False
+    ) as session:
+        with pytest.raises(MCPError):
+            await session.initialize()
+        # The proxy still answers what it answers itself.
+        with pytest.raises(MCPError) as refused:
+            await session.send_ping()
+        assert refused.value.error.code != 0
+    [line] = [line for line in stderr_logs[-1].read_text().splitlines() if "401" in line]
+    assert "upstream_refused" in line and "--bearer-token-env" in line
+
+
+async def test_the_embedded_store_lives_in_the_users_data_folder(
+    proxy: Any, tmp_path: Path, stderr_logs: list[Path]
+) -> None:
+    """No Redis configured, started from anywhere: the data folder is absolute, under XDG."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    xdg = tmp_path / "xdg"
+    async with proxy(embedded=True, cwd=elsewhere, env={"XDG_DATA_HOME": str(xdg)}) as session:
+        result = await session.call_tool("ping")
+        assert not result.is_error
+    assert (xdg / "canon" / "data").is_dir()
+    assert not (elsewhere / ".canon").exists()
+    [line] = [
+        line
+        for line in stderr_logs[-1].read_text().splitlines()
+        if "embedded_redis_started" in line
+    ]
+    assert str(xdg / "canon" / "data") in line
+
+
+async def test_over_http_an_upstream_that_cannot_start_fails_its_session_only(
+    spawn: Any, redis_url: str, namespace: str
+) -> None:
+    """``--http`` with a missing command: each initialize gets a JSON-RPC error, one line each."""
+    port = free_port()
+    spawn(proxy_argv(redis_url, namespace, "--http", f"--port={port}", upstream=["/no/such/mcp"]))
+    url = f"http://127.0.0.1:{port}/mcp"
+    await wait_for(lambda: answering(url), timeout_s=30)
+    refused: list[BaseException] = []
+    for _ in range(2):
+        try:
+            async with (
+                streamable_http_client(url) as (read, write),
+                ClientSession(read, write) as session,
+            ):
+                await session.initialize()
+        except* MCPError as errors:
+            refused.append(errors)
+    assert len(refused) == 2
+    assert repr(refused).count("the upstream MCP server could not be started") == 2
 
 
 def test_without_an_upstream_the_proxy_exits_2_with_one_line(redis_url: str) -> None:
