@@ -37,6 +37,23 @@ pytestmark = [
 ]
 
 
+#: W3C trace context the MCP SDK adds to ``_meta`` when a span is current (in a process
+#: where OpenTelemetry is configured): fresh ids on every request, directly or through
+#: the proxy, so only their presence is compared.
+TRACE_CONTEXT = frozenset({"traceparent", "tracestate"})
+
+
+def heard_params(params: Any) -> dict[str, Any]:
+    """A server-to-host request's params as JSON, trace context ids replaced by their names."""
+    dumped: dict[str, Any] = params.model_dump(mode="json", exclude_none=True)
+    meta = dumped.get("meta")
+    if isinstance(meta, dict):
+        dumped["meta"] = {
+            key: f"<{key}>" if key in TRACE_CONTEXT else value for key, value in meta.items()
+        }
+    return dumped
+
+
 class Host:
     """What a desktop host answers and what it hears, written down as it happens."""
 
@@ -44,13 +61,13 @@ class Host:
         self.heard: list[Any] = []
 
     async def sampling(self, context: Any, params: types.CreateMessageRequestParams) -> Any:
-        self.heard.append(("sampling", params.model_dump(mode="json", exclude_none=True)))
+        self.heard.append(("sampling", heard_params(params)))
         return types.CreateMessageResult(
             role="assistant", content=types.TextContent(type="text", text="sampled"), model="m"
         )
 
     async def elicitation(self, context: Any, params: types.ElicitRequestParams) -> Any:
-        self.heard.append(("elicitation", params.model_dump(mode="json", exclude_none=True)))
+        self.heard.append(("elicitation", heard_params(params)))
         return types.ElicitResult(action="accept", content={"response": "yes"})
 
     async def roots(self, context: Any) -> Any:
