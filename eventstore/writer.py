@@ -101,17 +101,26 @@ def preflighted(run_id: str, tool_call_id: str, tool: str, request: bytes) -> Pr
     mid-flight) can send the very same event again: it is answered as applied if the
     first one landed, and creates the record if it did not, never both.
     """
-    return Preflighted(
-        event_id=new_event_id(),
-        version=1,
-        at_ms=now_ms(),
-        prev_hash=GENESIS_HASH,
-        run_id=run_id,
-        tool_call_id=tool_call_id,
-        tool=tool,
-        request_sha256=payload_digest(request),
-        request_bytes=len(request),
-    )
+    return Preflighted(**_first_event(run_id, tool_call_id, tool, request))
+
+
+def _first_event(run_id: str, tool_call_id: str, tool: str, request: bytes) -> dict[str, Any]:
+    """The fields every creating event has: a new id, version 1, now, and the request's.
+
+    The frozen request of a governed call's ``ApprovalRequested`` is recorded exactly as a
+    ``Preflighted`` one is.
+    """
+    return {
+        "event_id": new_event_id(),
+        "version": 1,
+        "at_ms": now_ms(),
+        "prev_hash": GENESIS_HASH,
+        "run_id": run_id,
+        "tool_call_id": tool_call_id,
+        "tool": tool,
+        "request_sha256": payload_digest(request),
+        "request_bytes": len(request),
+    }
 
 
 def _next_event(head: Head) -> dict[str, Any]:
@@ -302,15 +311,7 @@ class Writer:
 
         """
         event = ApprovalRequested(
-            event_id=new_event_id(),
-            version=1,
-            at_ms=now_ms(),
-            prev_hash=GENESIS_HASH,
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            tool=tool,
-            request_sha256=payload_digest(request),
-            request_bytes=len(request),
+            **_first_event(run_id, tool_call_id, tool, request),
             approval_id=approval_id,
             approval_expires_at_ms=approval_expires_at_ms,
         )
