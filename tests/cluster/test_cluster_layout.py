@@ -27,6 +27,9 @@ from tests.support.tools import FakeTool
 #: Cluster-only: the store fixtures (``store``, ``make_store``, ``redis``) are the cluster's.
 pytestmark = pytest.mark.backends("cluster")
 
+#: How long the nodes are paused to make a command time out (its client waits 0.2 s).
+PAUSE_MS = 3000
+
 
 def run_keys(store: Store, run_id: str, tool_call_id: str) -> list[str]:
     """Every key the store may write for one run and one of its calls."""
@@ -208,8 +211,10 @@ async def test_after_a_timeout_the_client_rereads_the_slot_table_not_the_command
     try:
         await client.set(key, b"v")
         slots_before, commands_before = table_reads(redis_cluster)
+        # Long enough that a busy machine cannot let the pause end before the get is sent
+        # (a 1 s pause did once: the get then simply succeeded).
         for node in redis_cluster.nodes:
-            node.command("CLIENT", "PAUSE", 1000, "ALL")
+            node.command("CLIENT", "PAUSE", PAUSE_MS, "ALL")
         with pytest.raises(RedisError):
             await client.get(key)
         for node in redis_cluster.nodes:
