@@ -32,7 +32,7 @@ from eventstore.audit.run_calls import CallRow, run_calls
 from eventstore.audit.run_index import MAX_LIMIT, RunFilter, list_runs
 from eventstore.errors import CanonError, InvalidArgument, Refused
 from eventstore.store import Store
-from eventstore.writer import Head, now_ms
+from eventstore.writer import Head, head_of, now_ms
 from machine.codes import ErrorCode, Stage
 from machine.fold import InvocationState
 
@@ -88,24 +88,20 @@ def new_approval_id() -> str:
     return secrets.token_hex(16)
 
 
-def _text(value: str, limit: int, name: str) -> str:
+def checked_text(value: str, limit: int, name: str) -> str:
+    """Return ``value`` when it is printable text of 1 to ``limit`` characters.
+
+    An approver or a reason is checked so, by every caller.
+
+    Raises:
+        InvalidArgument: it is not, naming ``name``.
+
+    """
     if not isinstance(value, str) or not value.strip() or not value.isprintable():
         raise InvalidArgument(f"{name} must be printable text")
     if len(value) > limit:
         raise InvalidArgument(f"{name} must be at most {limit} characters")
     return value
-
-
-def head_of(state: InvocationState, expires_at_ms: int) -> Head:
-    """The head a call's next event follows, from its record's state."""
-    return Head(
-        run_id=state.run_id,
-        tool_call_id=state.tool_call_id,
-        version=state.version,
-        last_hash=state.last_hash,
-        entry_id="",
-        expires_at_ms=expires_at_ms,
-    )
 
 
 async def _state(store: Store, run_id: str, tool_call_id: str) -> tuple[InvocationState, int]:
@@ -163,8 +159,8 @@ async def decide(
         StoreUnavailable: Redis failed or timed out.
 
     """
-    by = _text(by, MAX_APPROVER_CHARS, "the approver")
-    reason = _text(reason, MAX_REASON_CHARS, "the reason")
+    by = checked_text(by, MAX_APPROVER_CHARS, "the approver")
+    reason = checked_text(reason, MAX_REASON_CHARS, "the reason")
     decision_id = decision_id or new_approval_id()
     state, expires_at_ms = await _state(store, run_id, tool_call_id)
     if state.stage is not Stage.AWAITING_APPROVAL:
@@ -320,13 +316,15 @@ async def pause_run(store: Store, run_id: str, *, by: str, reason: str) -> bool:
         StoreUnavailable: Redis failed or timed out.
 
     """
-    by = _text(by, MAX_APPROVER_CHARS, "who pauses")
-    reason = _text(reason, MAX_REASON_CHARS, "the reason")
-    return await store.runs.set_paused(run_id, True, by=by, reason=reason, at_ms=now_ms())
+    return await _switch(store, run_id, True, by=by, reason=reason)
 
 
 async def unpause_run(store: Store, run_id: str, *, by: str, reason: str) -> bool:
     """Lift a run's pause (who, when and why are kept). False when the run is unknown."""
-    by = _text(by, MAX_APPROVER_CHARS, "who unpauses")
-    reason = _text(reason, MAX_REASON_CHARS, "the reason")
-    return await store.runs.set_paused(run_id, False, by=by, reason=reason, at_ms=now_ms())
+    return await _switch(store, run_id, False, by=by, reason=reason)
+
+
+async def _switch(store: Store, run_id: str, paused: bool, *, by: str, reason: str) -> bool:
+    by = checked_text(by, MAX_APPROVER_CHARS, "who pauses or unpauses")
+    reason = checked_text(reason, MAX_REASON_CHARS, "the reason")
+    return await store.runs.set_paused(run_id, paused, by=by, reason=reason, at_ms=now_ms())

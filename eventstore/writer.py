@@ -52,7 +52,7 @@ from machine.events import (
     event_type,
     payload_digest,
 )
-from machine.fold import record_pairs
+from machine.fold import InvocationState, record_pairs
 from machine.ids import invocation_id, is_run_id, is_tool_name
 
 
@@ -92,6 +92,18 @@ class Head:
     last_hash: str
     entry_id: str
     expires_at_ms: int
+
+
+def head_of(state: InvocationState, expires_at_ms: int) -> Head:
+    """The head a call's next event follows, from its record's state and expiry."""
+    return Head(
+        run_id=state.run_id,
+        tool_call_id=state.tool_call_id,
+        version=state.version,
+        last_hash=state.last_hash,
+        entry_id="",
+        expires_at_ms=expires_at_ms,
+    )
 
 
 def preflighted(run_id: str, tool_call_id: str, tool: str, request: bytes) -> Preflighted:

@@ -30,12 +30,14 @@ from eventstore.approvals import (
     MAX_REASON_CHARS,
     Decision,
     NotAwaitingApproval,
+    checked_text,
     decide,
     pause_run,
     pending_approvals,
     unpause_run,
 )
 from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.errors import InvalidArgument
 from eventstore.store import Store
 from machine.codes import Stage
 from projections.receipts.builder import iso_ms
@@ -51,10 +53,13 @@ def _operator() -> str:
 
 
 def _text(limit: int) -> Any:
+    """An argparse type: the store's own check of an approver or a reason."""
+
     def check(value: str) -> str:
-        if not value.strip() or not value.isprintable() or len(value) > limit:
-            raise argparse.ArgumentTypeError(f"printable text of 1 to {limit} characters")
-        return value
+        try:
+            return checked_text(value, limit, "the value")
+        except InvalidArgument:
+            raise argparse.ArgumentTypeError(f"printable text of 1 to {limit} characters") from None
 
     return check
 

@@ -26,7 +26,7 @@ from typing import Final
 
 from eventstore.errors import CanonError, Refused
 from eventstore.reader import Reader
-from eventstore.writer import Head, Writer
+from eventstore.writer import Head, Writer, head_of
 from machine.codes import ErrorCode, Status
 from machine.events import Preflighted
 
@@ -88,15 +88,7 @@ async def close_interrupted(
     record = await reader.get(head.run_id, head.tool_call_id)
     if record is None or record.state.status is not Status.PROJECTING:
         return None
-    current = Head(
-        run_id=head.run_id,
-        tool_call_id=head.tool_call_id,
-        version=record.state.version,
-        last_hash=record.state.last_hash,
-        entry_id="",
-        expires_at_ms=record.expires_at_ms,
-    )
-    return await writer.fail(current, INTERRUPTED_CODE)
+    return await writer.fail(head_of(record.state, record.expires_at_ms), INTERRUPTED_CODE)
 
 
 #: Told the Failed head of a closed call (None: nothing to close), or the error type
