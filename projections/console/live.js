@@ -1,9 +1,10 @@
 // Live refresh of a console page whose run is in progress (the console's only script).
 //
 // Every two seconds, while the tab is visible, it fetches this same page again and puts
-// each of the new page's live sections (data-live, by id) in place of the old one, while
-// the rest (a filter being typed) stays as it is: new calls and ended ones appear
-// without a reload, and the scroll position, the address and the filters stay. It stops
+// each of the new page's live sections (data-live, by id) that changed in place of the old
+// one, while the rest (a filter being typed, a section that did not change, with the text
+// selected in it) stays as it is: new calls and ended ones appear without a reload, and
+// the scroll position, the address and the filters stay. It stops
 // when the new #live section no longer says data-live="1" (the run ended and nothing is in
 // flight), or when the page cannot be fetched (the login ended, the console stopped),
 // saying so in #live-status. It only reads the console's own page: same origin, the
@@ -37,7 +38,9 @@
         if (!fresh || !document.getElementById("live")) throw new Error("no live section");
         document.querySelectorAll("[data-live]").forEach(function (shown) {
           var next = page.getElementById(shown.id);
-          if (next) shown.replaceWith(document.importNode(next, true));
+          if (next && next.outerHTML !== shown.outerHTML) {
+            shown.replaceWith(document.importNode(next, true));
+          }
         });
         if (fresh.getAttribute("data-live") === "1") {
           say("live: refreshed " + new Date().toLocaleTimeString());

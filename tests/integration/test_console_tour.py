@@ -11,11 +11,12 @@ from __future__ import annotations
 
 import asyncio
 import re
-from collections.abc import Coroutine
+from collections.abc import Callable, Coroutine
 from datetime import timedelta
 from typing import Any
 
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import Select, WebDriverWait
 
@@ -68,10 +69,15 @@ async def fill(boundary: ToolBoundary, run: str, first: int, count: int) -> None
 
 
 def tour(
-    driver: webdriver.Chrome, base: str, submit: Any, add_live_call: Coroutine[Any, Any, None]
+    driver: webdriver.Chrome,
+    base: str,
+    submit: Callable[[Coroutine[Any, Any, None]], None],
+    add_live_call: Callable[[], Coroutine[Any, Any, None]],
 ) -> None:
     """What the operator does, in the browser's own thread of control."""
-    wait = WebDriverWait(driver, 30)
+    # Every run of the tour is still open, so each page it reads refreshes itself: a wait
+    # may find a section just as a refresh puts its new copy in place.
+    wait = WebDriverWait(driver, 30, ignored_exceptions=(StaleElementReferenceException,))
     driver.get(f"{base}/console/")
     wait.until(lambda d: d.find_element(By.ID, "token")).send_keys(OPERATOR_TOKEN)
     driver.find_element(By.ID, "login").click()
@@ -124,13 +130,18 @@ def tour(
     # The second hundred made (the boundary made them a hundred at a time).
     ids = {td.text for td in driver.find_elements(By.CSS_SELECTOR, "#calls td:nth-child(2)")}
     assert ids == {f"call-{n:05d}" for n in range(100, 200)}, sorted(ids)[:3]
+    # A refresh that brings nothing new leaves the page as it is: what the operator reads
+    # (or has selected) is not swapped under them.
+    table = driver.find_element(By.ID, "calls")
+    wait.until(lambda d: "live: refreshed" in d.find_element(By.ID, "live-status").text)
+    assert "call-00100" in table.text  # the same element, not a stale one
 
     # A run in progress: a new call shows up on its open page, which never reloads.
     driver.get(f"{base}/console/runs/{LIVE_RUN}")
     wait.until(lambda d: "live: refreshing" in d.find_element(By.ID, "live-status").text)
     driver.execute_script("window.canonTourMarker = 'not reloaded'")
     assert "call-live-new" not in driver.page_source
-    submit(add_live_call)
+    submit(add_live_call())
     wait.until(lambda d: "call-live-new" in d.find_element(By.ID, "calls").text)
     assert driver.execute_script("return window.canonTourMarker") == "not reloaded"
     assert re.search(r"live: refreshed", driver.find_element(By.ID, "live-status").text)
@@ -162,4 +173,4 @@ async def test_an_operator_filters_a_3000_call_run_to_its_errors_and_watches_a_l
         )
 
     async with serving(store) as base:
-        await asyncio.to_thread(tour, browser, base, submit, add_live_call())
+        await asyncio.to_thread(tour, browser, base, submit, add_live_call)
