@@ -2,6 +2,7 @@
 
 from eventstore.boundary import (
     AgentReply,
+    ApprovalPending,
     Projection,
     RunContext,
     ToolBoundary,
@@ -24,6 +25,7 @@ from machine.limits import Limits
 
 __all__ = [
     "AgentReply",
+    "ApprovalPending",
     "CanonError",
     "DurabilityError",
     "InvocationRecord",

@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import Self, Unpack, cast
+from typing import TYPE_CHECKING, Self, Unpack, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -45,6 +45,9 @@ from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_repli
 from eventstore.wire.scripts import Scripts
 from eventstore.writer import Writer, now_ms
 from machine.ids import is_run_id
+
+if TYPE_CHECKING:
+    from eventstore.approvals import Decision, WaitingCalls
 
 __all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
 
@@ -374,6 +377,69 @@ class Store:
         async with redis_errors():
             value = await self.client.hget(self.keys.control(0), "paused")
         return value == b"1"
+
+    async def decide(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        *,
+        approve: bool,
+        by: str,
+        reason: str,
+        decision_id: str | None = None,
+    ) -> Decision:
+        """Approve or deny a governed call waiting for a decision; the first one wins.
+
+        For a harness that authenticates its own operators: ``by`` is whom it
+        authenticated. See :func:`eventstore.approvals.decide`.
+
+        Raises:
+            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long.
+            NotAwaitingApproval: no such governed call, or it never awaited a decision.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        self.check_loop()
+        from eventstore import approvals  # written against Store: imported when used
+
+        return await approvals.decide(
+            self,
+            run_id,
+            tool_call_id,
+            approve=approve,
+            by=by,
+            reason=reason,
+            decision_id=decision_id,
+        )
+
+    async def pending_approvals(self, *, runs: int = 200, limit: int = 100) -> WaitingCalls:
+        """The governed calls waiting for a decision, oldest first, from the run index.
+
+        See :func:`eventstore.approvals.pending_approvals` (never a SCAN).
+        """
+        self.check_loop()
+        from eventstore import approvals
+
+        return await approvals.pending_approvals(self, runs=runs, limit=limit)
+
+    async def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
+        """Pause one run: none of its calls is recorded or dispatched until unpaused.
+
+        Beside the namespace's pause (:meth:`set_paused`); decisions, receipts, replay and
+        the console keep working. Who, when and why are kept on the run. False when the
+        run is unknown or expired.
+        """
+        self.check_loop()
+        from eventstore import approvals
+
+        return await approvals.pause_run(self, run_id, by=by, reason=reason)
+
+    async def unpause_run(self, run_id: str, *, by: str, reason: str) -> bool:
+        """Lift one run's pause (who, when and why are kept). False when the run is unknown."""
+        self.check_loop()
+        from eventstore import approvals
+
+        return await approvals.unpause_run(self, run_id, by=by, reason=reason)
 
     async def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None when absent, expired or the ids are unsafe.

@@ -34,6 +34,7 @@ from typing import Any, Final, Self, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from eventstore.approvals import Decision, WaitingCalls
 from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
 from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
 from eventstore.boundary.tool_threads import DEFAULT_EXECUTOR_THREADS, shutdown_within
@@ -412,6 +413,40 @@ class SyncStore:
         """Tell whether execution is paused."""
         return self.call(self._store.is_paused())
 
+    def decide(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        *,
+        approve: bool,
+        by: str,
+        reason: str,
+        decision_id: str | None = None,
+    ) -> Decision:
+        """Approve or deny a governed call waiting for a decision; see Store.decide."""
+        return self.call(
+            self._store.decide(
+                run_id,
+                tool_call_id,
+                approve=approve,
+                by=by,
+                reason=reason,
+                decision_id=decision_id,
+            )
+        )
+
+    def pending_approvals(self, *, runs: int = 200, limit: int = 100) -> WaitingCalls:
+        """The governed calls waiting for a decision; see Store.pending_approvals."""
+        return self.call(self._store.pending_approvals(runs=runs, limit=limit))
+
+    def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
+        """Pause one run; see Store.pause_run."""
+        return self.call(self._store.pause_run(run_id, by=by, reason=reason))
+
+    def unpause_run(self, run_id: str, *, by: str, reason: str) -> bool:
+        """Lift one run's pause; see Store.unpause_run."""
+        return self.call(self._store.unpause_run(run_id, by=by, reason=reason))
+
     def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None (read-only; see :meth:`Store.get`)."""
         return self.call(self._store.get(run_id, tool_call_id))
@@ -500,6 +535,15 @@ class SyncBoundary:
 
         """
         return self._store._run(self._boundary.invoke(ctx, envelope), self._owner)
+
+    def resume(self, ctx: RunContext, tool_call_id: str) -> AgentReply:
+        """Go on with a governed call once decided; see ToolBoundary.resume.
+
+        Raises:
+            StoreClosed: as for :meth:`invoke`.
+
+        """
+        return self._store._run(self._boundary.resume(ctx, tool_call_id), self._owner)
 
     def invoke_all(self, ctx: RunContext, envelopes: Sequence[ToolEnvelope]) -> list[AgentReply]:
         """Run several calls (one model turn's) concurrently; replies in the calls' order.

@@ -308,12 +308,14 @@ class Writer:
         *,
         approval_id: str,
         approval_expires_at_ms: int,
+        log_refusals: RefusalLogging = "all",
     ) -> Head:
         """Create a governed call: ApprovalRequested with the complete request, frozen.
 
         The record waits in AWAITING_APPROVAL (status PROJECTING); the tool has not run.
         The same preflight as :meth:`create` (run, budgets, duplicate, pauses) decides in
-        the same script.
+        the same script, and logs its refusals as ``log_refusals`` says (see
+        :meth:`append`).
 
         Raises:
             InvalidArgument: an unsafe run id or tool call id, or a tool name that is not
@@ -327,7 +329,9 @@ class Writer:
             approval_id=approval_id,
             approval_expires_at_ms=approval_expires_at_ms,
         )
-        return await self.append(event, request, run_id=run_id, tool_call_id=tool_call_id)
+        return await self.append(
+            event, request, run_id=run_id, tool_call_id=tool_call_id, log_refusals=log_refusals
+        )
 
     async def approve(self, head: Head, decided_by: str, reason: str, decision_id: str) -> Head:
         """Approve a call awaiting approval (Approved): it may now be dispatched once.

@@ -76,6 +76,13 @@ class ErrorCode(StrEnum):
     #: The run is paused: no call is recorded and no approved call dispatched until it
     #: is unpaused.
     RUN_PAUSED = "RUN_PAUSED"
+    #: A resumed governed call whose one dispatch was taken by another resumer (or by a
+    #: process that died running it): its outcome is not recorded yet, and it never runs
+    #: again.
+    ALREADY_DISPATCHED = "ALREADY_DISPATCHED"
+    #: The stored request of an approved call no longer has the approved digest: nothing
+    #: ran.
+    APPROVED_REQUEST_CHANGED = "APPROVED_REQUEST_CHANGED"
 
 
 #: One fixed message per code. These are the only words an agent ever reads about a failure,
@@ -108,6 +115,12 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.APPROVAL_DENIED: "The tool call was denied by an operator and did not run.",
     ErrorCode.APPROVAL_EXPIRED: "The tool call was not approved in time and did not run.",
     ErrorCode.RUN_PAUSED: "Tool execution is paused for this run.",
+    ErrorCode.ALREADY_DISPATCHED: (
+        "The tool call was already dispatched; its outcome is not recorded yet."
+    ),
+    ErrorCode.APPROVED_REQUEST_CHANGED: (
+        "The stored request no longer matches the approved one; the tool call did not run."
+    ),
 }
 
 #: Codes that refuse a call before any record exists.

@@ -20,7 +20,7 @@ from typing import Any, Final, Protocol
 
 from redis.asyncio import Redis
 
-from eventstore.boundary.contracts import AgentReply, ToolResult
+from eventstore.boundary.contracts import AgentReply, ToolError, ToolResult, reply_status
 from eventstore.errors import CanonError
 from eventstore.writer import Writer
 
@@ -189,7 +189,8 @@ def timing_appends(writer: Writer, window: Window) -> Iterator[None]:
 def check_reply(reply: AgentReply) -> None:
     """Raise :class:`BenchError` unless the boundary answered with a result."""
     if not isinstance(reply, ToolResult):
-        raise BenchError(f"boundary answered {reply.error_code.value}")
+        code = reply.error_code.value if isinstance(reply, ToolError) else reply_status(reply)
+        raise BenchError(f"boundary answered {code}")
 
 
 async def bare_server_cpu(client: Redis) -> list[float]:

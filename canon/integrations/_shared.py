@@ -19,6 +19,7 @@ import msgspec
 
 from eventstore.boundary.contracts import (
     AgentReply,
+    ApprovalPending,
     RunContext,
     ToolEnvelope,
     ToolError,
@@ -110,9 +111,19 @@ def is_error(reply: AgentReply) -> bool:
 
 
 def reply_payload(reply: AgentReply) -> Any:
-    """What the model is shown: the bounded result, or the safe error (code and message)."""
+    """What the model is shown: the bounded result, the safe error, or that a call waits.
+
+    An error is its code and message; a governed call waiting for an operator is its
+    approval id and the fixed text (not run, not to be retried).
+    """
     if isinstance(reply, ToolError):
         return {"error_code": reply.error_code.value, "message": reply.message}
+    if isinstance(reply, ApprovalPending):
+        return {
+            "status": "awaiting_approval",
+            "approval_id": reply.approval_id,
+            "message": reply.message,
+        }
     return reply.result
 
 

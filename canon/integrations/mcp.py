@@ -35,6 +35,7 @@ import msgspec
 from canon.integrations._shared import ANY_OBJECT, reply_content, require, tool_schema
 from eventstore.boundary.contracts import (
     AgentReply,
+    ApprovalPending,
     RunContext,
     ToolEnvelope,
     ToolError,
@@ -59,6 +60,9 @@ TOOL_CALL_ID_KEY: Final = "io.canon/tool_call_id"
 RUN_ID_KEY: Final = "io.canon/run_id"
 #: ``_meta`` key, on results, of the canonical record's public id.
 INVOCATION_ID_KEY: Final = "io.canon/invocation_id"
+
+#: ``_meta`` key, on the result of a governed call waiting for an operator, of its approval.
+APPROVAL_ID_KEY: Final = "io.canon/approval_id"
 
 #: Prefix of the fallback run and tool call ids of hosts that send no ids.
 FALLBACK_PREFIX: Final = "mcp"
@@ -300,6 +304,13 @@ def _answer(reply: AgentReply, run_id: str, result_of: ResultOf) -> types.CallTo
         result = types.CallToolResult(
             content=[types.TextContent(type="text", text=text)], is_error=True
         )
+    elif isinstance(reply, ApprovalPending):
+        # Not an error: the call is recorded and waits; a retry with the same call id gets
+        # this again, the recorded outcome or the denial.
+        result = types.CallToolResult(
+            content=[types.TextContent(type="text", text=reply.message)],
+            is_error=False,
+        ).model_copy(update={"meta": {APPROVAL_ID_KEY: reply.approval_id}})
     else:
         result = result_of(reply)
     return result.model_copy(update={"meta": {**(result.meta or {}), **meta}})

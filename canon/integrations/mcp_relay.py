@@ -40,6 +40,7 @@ from typing import Any, Final
 import structlog
 
 from canon.integrations.mcp import (
+    APPROVAL_ID_KEY,
     FALLBACK_PREFIX,
     INVOCATION_ID_KEY,
     RUN_ID_KEY,
@@ -49,6 +50,7 @@ from canon.integrations.mcp import (
 from canon.integrations.mcp_upstream import Message, Upstream, UpstreamError, UpstreamGone
 from eventstore.boundary.contracts import (
     AgentReply,
+    ApprovalPending,
     Projection,
     RunContext,
     ToolCall,
@@ -420,7 +422,17 @@ class Relay:
             # Recorded as Failed; the host gets the JSON-RPC error it would get directly.
             await self._to_host({"jsonrpc": "2.0", "id": request_id, "error": fault})
             return
-        result = self._result_of(reply) if isinstance(reply, ToolResult) else self._error_of(reply)
+        if isinstance(reply, ApprovalPending):
+            # Recorded and waiting for an operator: not an error, and never sent upstream.
+            result: Message = {
+                "content": [{"type": "text", "text": reply.message}],
+                "isError": False,
+                "_meta": {APPROVAL_ID_KEY: reply.approval_id},
+            }
+        elif isinstance(reply, ToolResult):
+            result = self._result_of(reply)
+        else:
+            result = self._error_of(reply)
         ids: dict[str, Any] = {RUN_ID_KEY: run_id}
         if reply.tool_call_id is not None:
             ids[TOOL_CALL_ID_KEY] = reply.tool_call_id

@@ -12,6 +12,8 @@ from its record) and :mod:`.tracing` (OpenTelemetry spans).
 
 from eventstore.boundary.contracts import (
     AgentReply,
+    ApprovalPending,
+    ApprovalPolicy,
     ErrorResult,
     Executor,
     Projection,
@@ -22,12 +24,15 @@ from eventstore.boundary.contracts import (
     ToolError,
     ToolResult,
     ToolSpec,
+    reply_status,
     reply_to_builtins,
 )
 from eventstore.boundary.tool_boundary import ToolBoundary
 
 __all__ = [
     "AgentReply",
+    "ApprovalPending",
+    "ApprovalPolicy",
     "ErrorResult",
     "Executor",
     "Projection",
@@ -39,5 +44,6 @@ __all__ = [
     "ToolError",
     "ToolResult",
     "ToolSpec",
+    "reply_status",
     "reply_to_builtins",
 ]

@@ -10,7 +10,13 @@ import logging
 import time
 from typing import Any
 
-from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolError
+from eventstore.boundary.contracts import (
+    AgentReply,
+    RunContext,
+    ToolEnvelope,
+    ToolError,
+    reply_status,
+)
 from eventstore.boundary.interrupts import INTERRUPTED_CODE
 from eventstore.logs import get_logger
 from eventstore.writer import Head
@@ -121,7 +127,7 @@ class CallTrace:
         self.logger.info(
             "invocation_replayed",
             **self.ids,
-            status="ERROR" if isinstance(reply, ToolError) else "READY",
+            status=reply_status(reply),
             error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
         )
         return reply
@@ -148,7 +154,7 @@ class CallTrace:
             "invocation_finished",
             **self.ids,
             tool=tool,
-            status="ERROR" if failed else "READY",
+            status=reply_status(reply),
             error_code=reply.error_code.value if isinstance(reply, ToolError) else None,
             event_type=self.event_type,
             version=self.version,

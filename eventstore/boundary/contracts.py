@@ -1,14 +1,16 @@
 """The harness-facing types: run context, envelope, tool spec, projection and replies.
 
-Executors, projectors and error texts are plug-ins; their contracts are the Protocols
-here. An executor or a projector may be a plain or an async callable; an error text
-(:class:`ErrorResult`) is a plain one.
+Executors, projectors, error texts and approval policies are plug-ins; their contracts
+are the Protocols here. An executor or a projector may be a plain or an async callable;
+an error text (:class:`ErrorResult`) and an approval policy (:class:`ApprovalPolicy`)
+are plain ones.
 """
 
 from __future__ import annotations
 
 from collections.abc import Awaitable, Mapping
-from typing import Any, Literal, Protocol
+from datetime import timedelta
+from typing import Any, Final, Literal, Protocol
 
 import msgspec
 
@@ -90,13 +92,32 @@ class ErrorResult(Protocol):
         """Return the agent-facing text of ``error``."""
 
 
+class ApprovalPolicy(Protocol):
+    """Decides, per request, whether a call of a side-effecting tool waits for an operator.
+
+    Called once per call, on the event loop, with the call's arguments (decoded from its
+    canonical request) and ids; it should be quick and must not do I/O. True: the call
+    waits for an approval; False: it runs at once and its record says no approval was
+    needed. A policy that raises is taken as True: a call is never run unapproved by
+    accident.
+    """
+
+    def __call__(self, arguments: dict[str, Any], call: ToolCall, /) -> bool:
+        """Return whether this call needs an operator's approval."""
+
+
+#: How long a governed call waits for a decision by default (never past its record's TTL).
+DEFAULT_APPROVAL_TIMEOUT: Final = timedelta(hours=24)
+
+
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     """A tool the boundary may run.
 
     Attributes:
         executor: produces the raw response.
         projector: produces the bounded agent result from the raw response.
-        read_only: only read-only tools may run; False refuses every call.
+        read_only: True (default) for a tool that changes nothing. A side-effecting tool
+            (False) is refused with NOT_READ_ONLY unless it declares ``approval``.
         authorized: False refuses every call before execution.
         timeout_s: most seconds the executor may take (None: no bound).
         thread: run a plain (non-async) executor in a worker thread so it cannot block
@@ -117,6 +138,13 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
             None (default): the fixed message. Never applied to the tool's time limit,
             its own ``CancelledError``, a projector's failure or a size error (whose
             message names the limit that was hit).
+        approval: for a side-effecting tool only: True, every call is governed (it is
+            recorded with its request frozen and waits for an operator's approval; the
+            agent is answered :class:`ApprovalPending` and the tool runs, once, only when
+            an approved call is resumed); an :class:`ApprovalPolicy`, which decides per
+            request; False (default), no call may run.
+        approval_timeout: how long a governed call waits for a decision before it ends
+            ERROR with APPROVAL_EXPIRED (default 24 hours; never past the record's TTL).
 
     """
 
@@ -130,6 +158,8 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     description: str = ""
     input_schema: Mapping[str, Any] | None = None
     error_result: ErrorResult | None = None
+    approval: bool | ApprovalPolicy = False
+    approval_timeout: timedelta = DEFAULT_APPROVAL_TIMEOUT
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):
@@ -216,19 +246,59 @@ class ToolError(msgspec.Struct, frozen=True, kw_only=True, tag="ERROR", tag_fiel
         )
 
 
-AgentReply = ToolResult | ToolError
+class ApprovalPending(
+    msgspec.Struct, frozen=True, kw_only=True, tag="AWAITING_APPROVAL", tag_field="status"
+):
+    """A governed call recorded and waiting for an operator's decision: not an error.
+
+    The tool has not run. The call's request is frozen in its record; an operator approves
+    or denies it, then the harness resumes it (``ToolBoundary.resume``, or the framework
+    calling the tool again with the same run and tool call id), which runs the recorded
+    request once, never new arguments. Its record's public status is PROJECTING.
+
+    Attributes:
+        tool_call_id: the framework's id of the call this answers.
+        invocation_id: the canonical record's public id.
+        approval_id: the approval the operator decides.
+
+    """
+
+    tool_call_id: str
+    invocation_id: str
+    approval_id: str
+
+    @property
+    def message(self) -> str:
+        """The fixed text a model reads: waiting, not run, not to be retried."""
+        return (
+            f"The tool call is awaiting an operator's approval (approval {self.approval_id}) "
+            "and has not run. Do not retry it: it runs once approved."
+        )
+
+
+AgentReply = ToolResult | ToolError | ApprovalPending
 
 #: The ``status`` an agent reads on a reply.
-ReplyStatus = Literal["READY", "ERROR"]
+ReplyStatus = Literal["READY", "ERROR", "AWAITING_APPROVAL"]
+
+
+def reply_status(reply: AgentReply) -> ReplyStatus:
+    """The ``status`` of ``reply``, as :func:`reply_to_builtins` names it."""
+    if isinstance(reply, ToolResult):
+        return "READY"
+    return "ERROR" if isinstance(reply, ToolError) else "AWAITING_APPROVAL"
 
 
 def reply_to_builtins(reply: AgentReply) -> dict[str, Any]:
     """Return the reply as plain JSON-ready data, every key always present.
 
     ``{"status": "READY", "result", "evidence_status", "scope", "tool_call_id",
-    "invocation_id"}`` or ``{"status": "ERROR", "error_code", "message", "tool_call_id",
-    "invocation_id"}`` (the ids may be None on an error).
+    "invocation_id"}``, ``{"status": "ERROR", "error_code", "message", "tool_call_id",
+    "invocation_id"}`` (the ids may be None on an error) or ``{"status":
+    "AWAITING_APPROVAL", "tool_call_id", "invocation_id", "approval_id", "message"}``.
     """
     data = msgspec.to_builtins(reply)
     assert isinstance(data, dict)
+    if isinstance(reply, ApprovalPending):
+        data["message"] = reply.message
     return data

@@ -12,6 +12,7 @@ import asyncio
 import inspect
 import math
 from collections.abc import Callable, Mapping
+from datetime import timedelta
 from typing import Any
 
 from eventstore.boundary.contracts import ToolCall, ToolSpec
@@ -31,8 +32,10 @@ def check_tools(tools: Mapping[str, ToolSpec]) -> None:
 
     Raises:
         InvalidArgument: a name the store refuses (:func:`machine.ids.is_tool_name`), a
-            time limit that is not a positive number of seconds, or an ``error_result``
-            that is not callable.
+            time limit that is not a positive number of seconds, an ``error_result``
+            that is not callable, or an ``approval`` that is not a bool or a callable,
+            is set on a read-only tool, or has an ``approval_timeout`` that is not a
+            positive ``timedelta``.
 
     """
     refused = [name for name in tools if not is_tool_name(name)]
@@ -51,6 +54,22 @@ def check_tools(tools: Mapping[str, ToolSpec]) -> None:
     if uncallable:
         shown = ", ".join(repr(name) for name in uncallable[:5])
         raise InvalidArgument(f"a tool's error_result must be callable: {shown}")
+    for name, spec in tools.items():
+        _check_approval(name, spec)
+
+
+def _check_approval(name: str, spec: ToolSpec) -> None:
+    """A tool's approval policy: a bool or a callable, only for a side-effecting tool."""
+    approval = spec.approval
+    if not (isinstance(approval, bool) or callable(approval)):
+        raise InvalidArgument(f"tool {name!r}: approval must be True, False or a callable")
+    if approval is not False and spec.read_only:
+        raise InvalidArgument(
+            f"tool {name!r}: approval applies to side-effecting tools (read_only=False)"
+        )
+    timeout = spec.approval_timeout
+    if not isinstance(timeout, timedelta) or timeout <= timedelta(0):
+        raise InvalidArgument(f"tool {name!r}: approval_timeout must be a positive timedelta")
 
 
 async def call_tool_function(
@@ -79,12 +98,14 @@ class ToolRaised(CanonError):
 class RegisteredTool:
     """A registered tool with what its calls need decided once, not per call."""
 
-    __slots__ = ("executor_deadlines", "executor_threads", "projector_threads", "spec")
+    __slots__ = ("executor_deadlines", "executor_threads", "governed", "projector_threads", "spec")
 
     def __init__(
         self, spec: ToolSpec, deadlines: dict[float, Deadlines], threads: ToolThreads
     ) -> None:
         self.spec = spec
+        #: Its calls may wait for an operator's approval (see :meth:`needs_approval`).
+        self.governed = spec.approval is not False
         plain_executor = not inspect.iscoroutinefunction(spec.executor)
         self.executor_threads = threads if spec.thread and plain_executor else None
         plain_projector = not inspect.iscoroutinefunction(spec.projector)
@@ -95,6 +116,21 @@ class RegisteredTool:
             if spec.timeout_s is not None
             else None
         )
+
+    def needs_approval(self, arguments: dict[str, Any], call: ToolCall) -> bool:
+        """Whether this call of a governed tool waits for an operator's approval.
+
+        A policy that raises, or answers anything but False, means yes: a side effect
+        never runs unapproved because a policy failed.
+        """
+        approval = self.spec.approval
+        if approval is True:
+            return True
+        assert approval is not False  # only asked of a governed tool
+        try:
+            return approval(arguments, call) is not False
+        except Exception:
+            return True
 
     async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
         """Run the executor in ``task`` within the tool's time limit.

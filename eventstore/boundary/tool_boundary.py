@@ -23,11 +23,12 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Awaitable, Mapping
+from collections.abc import Awaitable, Coroutine, Mapping
 from typing import Any, Final, Literal
 
 import msgspec
 
+from eventstore.approvals import expire, new_approval_id, take_permit
 from eventstore.boundary.call_stops import (
     CallStop,
     checked_policy,
@@ -38,6 +39,7 @@ from eventstore.boundary.call_stops import (
 from eventstore.boundary.call_trace import CallTrace
 from eventstore.boundary.contracts import (
     AgentReply,
+    ApprovalPending,
     Projection,
     RunContext,
     ToolCall,
@@ -63,11 +65,15 @@ from eventstore.errors import (
     Refused,
     StoreUnavailable,
 )
+from eventstore.reader import InvocationRecord
+from eventstore.settings import milliseconds
 from eventstore.store import Store
 from eventstore.wire.deadlines import Deadlines
-from eventstore.writer import Head, preflighted
-from machine.codes import ErrorCode, EvidenceStatus
+from eventstore.writer import Head, now_ms, preflighted
+from machine.codes import ErrorCode, EvidenceStatus, Stage
+from machine.events import payload_digest
 from machine.failure_detail import FailureDetailPolicy
+from machine.fold import InvocationState
 from machine.ids import invocation_id, is_run_id
 from machine.limits import LimitHit, LimitName, Limits, utf8_size
 from machine.requests import InvalidRequest, canonical_request
@@ -225,10 +231,52 @@ class ToolBoundary:
         trace = CallTrace(ctx, envelope, task)
         tool = self._tool_of(envelope)
         tool_name = envelope.tool if tool is not None else None
+        return await self._traced(trace, tool_name, started, self._invoke(ctx, envelope, trace))
+
+    async def resume(self, ctx: RunContext, tool_call_id: str) -> AgentReply:
+        """Go on with a governed call of ``ctx``'s run: run its frozen request once approved.
+
+        What the call's record says decides, never new arguments: waiting for a decision,
+        :class:`ApprovalPending` again (or ERROR APPROVAL_EXPIRED once its approval
+        expired, recorded now); approved, the one dispatch permit is taken atomically and
+        the recorded request, checked against the approved digest, is run, exactly as a
+        first call runs; denied or ended, its recorded reply. A resume that loses the
+        permit to another (in this process or any other) waits, as a replayed duplicate
+        does (``replay_wait_s``), for that one's recorded reply, then answers
+        ALREADY_DISPATCHED; a call whose dispatch was taken by a process that died is
+        never run again by itself. A paused run (or namespace) gets RUN_PAUSED
+        (EXECUTION_PAUSED) and the call stays approved. A call that is not governed gets
+        its recorded reply. Never raises for tool, projector or store failures, as
+        :meth:`invoke`.
+
+        The same happens when a framework calls the tool again with the same run, tool
+        call id and request (every framework resumes so): see :meth:`invoke`.
+
+        Raises:
+            WrongEventLoop: the store runs in another event loop.
+
+        """
+        self._store.check_loop()
+        started = time.perf_counter()
+        task = asyncio.current_task()
+        if task is None:
+            raise RuntimeError("ToolBoundary.resume must run in an asyncio task")
+        envelope = ToolEnvelope(run_id=ctx.run_id, tool_call_id=tool_call_id, tool="", arguments={})
+        trace = CallTrace(ctx, envelope, task)
+        return await self._traced(trace, None, started, self._resume(ctx, tool_call_id, trace))
+
+    async def _traced(
+        self,
+        trace: CallTrace,
+        tool_name: str | None,
+        started: float,
+        work: Coroutine[Any, Any, AgentReply],
+    ) -> AgentReply:
+        """Await ``work`` within the call's span; log its outcome; no failure escapes."""
         # Without the otel extra or a configured provider, no span is built.
         span = InvocationSpan(tool_name, trace.ids) if tracing() else None
         try:
-            reply = await self._invoke(ctx, envelope, trace)
+            reply = await work
         except Exception as exc:  # a bug of ours must still not reach the agent
             trace.logger.error("invocation_crashed", error_type=type(exc).__name__)
             reply = trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
@@ -277,7 +325,7 @@ class ToolBoundary:
             raise CallStop(ErrorCode.UNKNOWN_TOOL)
         if not tool.spec.authorized:
             raise CallStop(ErrorCode.UNAUTHORIZED)
-        if not tool.spec.read_only:
+        if not tool.spec.read_only and not tool.governed:
             raise CallStop(ErrorCode.NOT_READ_ONLY)
         return tool, request
 
@@ -311,6 +359,10 @@ class ToolBoundary:
             await self._record_refusal(ctx.run_id, envelope.tool, envelope.tool_call_id, stop.code)
             return self._refuse(trace, stop.code, "preflight", stop.limit)
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
+        if tool.governed:
+            governed = await self._governed(tool, ctx, envelope, request, trace)
+            if governed is not None:
+                return governed
         # Built before it is sent, so that an interrupted creation can be sent again.
         creation = preflighted(run_id, tool_call_id, envelope.tool, request)
         writer = self._store.writer
@@ -324,13 +376,15 @@ class ToolBoundary:
                     run_id=run_id,
                     tool_call_id=tool_call_id,
                     # A duplicate answered from its record is no refusal; one that nothing
-                    # recorded answers is recorded by _replay_duplicate.
-                    log_refusals="not_duplicates" if self._replay else "all",
+                    # recorded answers is recorded by _duplicate.
+                    log_refusals="not_duplicates" if self._replay or tool.governed else "all",
                 ),
             )
         except Refused as refused:
             if refused.error_code is None:
                 return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+            if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and tool.governed:
+                return await self._reenter(trace, run_id, envelope.tool, request)
             if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
                 return await self._replay_duplicate(trace, run_id, envelope.tool, request)
             return self._refuse(trace, refused.error_code, "create")
@@ -351,6 +405,196 @@ class ToolBoundary:
             return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except (StoreUnavailable, Refused):
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    # Governed calls: recorded frozen, waiting for an operator, run once on resume.
+
+    async def _governed(
+        self,
+        tool: RegisteredTool,
+        ctx: RunContext,
+        envelope: ToolEnvelope,
+        request: bytes,
+        trace: CallTrace,
+    ) -> AgentReply | None:
+        """A governed tool's call: recorded waiting for approval; None to run it at once.
+
+        The tool's policy (``ToolSpec.approval``) decides; a call it lets through runs as
+        any other and its record holds no approval. A used (run, tool call id) is a
+        re-entry (:meth:`_reenter`).
+        """
+        run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
+        call = ToolCall(
+            run_id=run_id,
+            tool_call_id=tool_call_id,
+            invocation_id=invocation_id(run_id, tool_call_id),
+            tool=envelope.tool,
+        )
+        if not tool.needs_approval(msgspec.json.decode(request), call):
+            return None
+        approval_id = new_approval_id()
+        waits = min(tool.spec.approval_timeout, self._store.settings.ttl)
+        try:
+            await self._commit(
+                trace,
+                "ApprovalRequested",
+                self._store.writer.request_approval(
+                    run_id,
+                    tool_call_id,
+                    envelope.tool,
+                    request,
+                    approval_id=approval_id,
+                    approval_expires_at_ms=now_ms() + milliseconds(waits),
+                    log_refusals="not_duplicates",
+                ),
+            )
+        except Refused as refused:
+            if refused.error_code is None:
+                return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+            if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL:
+                return await self._reenter(trace, run_id, envelope.tool, request)
+            return self._refuse(trace, refused.error_code, "create")
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        return self._pending(trace, approval_id)
+
+    def _pending(self, trace: CallTrace, approval_id: str) -> ApprovalPending:
+        tool_call_id, invocation = trace.ids["tool_call_id"], trace.invocation_id
+        assert tool_call_id is not None and invocation is not None  # past preflight
+        return ApprovalPending(
+            tool_call_id=tool_call_id, invocation_id=invocation, approval_id=approval_id
+        )
+
+    async def _reenter(
+        self, trace: CallTrace, run_id: str, tool: str, request: bytes
+    ) -> AgentReply:
+        """A governed tool called again with a used (run, tool call id).
+
+        When the record is a governed call of this tool with this very request, this is
+        the framework resuming it: the same as :meth:`resume`. Anything else is a
+        duplicate, answered as any other (refused, or replayed with ``"replay"``).
+        """
+        tool_call_id = trace.ids["tool_call_id"]
+        assert tool_call_id is not None  # past preflight: a safe id
+        try:
+            record = await self._bounded(self._store.reader.get(run_id, tool_call_id))
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        state = record.state if record is not None else None
+        if (
+            record is None
+            or state is None
+            or state.approval_id is None
+            or state.tool != tool
+            or state.request_sha256 != payload_digest(request)
+        ):
+            return await self._duplicate(trace, run_id, tool, request)
+        return await self._resumed(trace, record)
+
+    async def _duplicate(
+        self, trace: CallTrace, run_id: str, tool: str, request: bytes
+    ) -> AgentReply:
+        """A duplicate the creation script did not log: replayed, or refused and logged."""
+        if self._replay:
+            return await self._replay_duplicate(trace, run_id, tool, request)
+        code = ErrorCode.DUPLICATE_TOOL_CALL
+        await self._record_refusal(run_id, tool, trace.ids["tool_call_id"], code)
+        return self._refuse(trace, code, "create")
+
+    async def _resume(self, ctx: RunContext, tool_call_id: str, trace: CallTrace) -> AgentReply:
+        if not self._store.keys.accepts_tool_call_id(tool_call_id):
+            return trace.error(ErrorCode.INVALID_TOOL_CALL_ID, recorded=False)
+        if not is_run_id(ctx.run_id):
+            return trace.error(ErrorCode.RUN_MISMATCH, recorded=False)
+        try:
+            record = await self._bounded(self._store.reader.get(ctx.run_id, tool_call_id))
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        if record is None:
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=False)
+        return await self._resumed(trace, record)
+
+    async def _resumed(
+        self, trace: CallTrace, record: InvocationRecord, *, again: bool = True
+    ) -> AgentReply:
+        """What resuming ``record`` answers: pending, its one dispatch, or its outcome."""
+        state = record.state
+        try:
+            if state.stage is Stage.AWAITING_APPROVAL:
+                due = state.approval_expires_at_ms
+                if state.approval_id is not None and (due is None or now_ms() < due):
+                    return self._pending(trace, state.approval_id)
+                expired = await self._bounded(expire(self._store, state.run_id, state.tool_call_id))
+                if not expired and again:  # decided meanwhile: go on from the decision
+                    fresh = await self._bounded(
+                        self._store.reader.get(state.run_id, state.tool_call_id)
+                    )
+                    if fresh is not None:
+                        return await self._resumed(trace, fresh, again=False)
+            elif state.stage is Stage.APPROVED:
+                dispatched = await self._dispatch(trace, record)
+                if dispatched is not None:
+                    return dispatched
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        except CanonError:  # the record went (NotAwaitingApproval): its outcome says so
+            pass
+        return await self._outcome(trace, state, record.request)
+
+    async def _dispatch(self, trace: CallTrace, record: InvocationRecord) -> AgentReply | None:
+        """Run an approved call once: its recorded request, under the one permit.
+
+        None when another resumer took the permit (or the call moved on): its outcome
+        answers.
+        """
+        state = record.state
+        tool = self._tools.get(state.tool)
+        if tool is None:
+            return trace.error(ErrorCode.UNKNOWN_TOOL, recorded=False)
+        if not tool.spec.authorized:
+            return trace.error(ErrorCode.UNAUTHORIZED, recorded=False)
+        if payload_digest(record.request) != state.request_sha256:
+            # The bytes in Redis are not the ones approved: nothing may run them.
+            trace.logger.error("approved_request_changed", **trace.ids)
+            return trace.error(ErrorCode.APPROVED_REQUEST_CHANGED, recorded=False)
+        permit = await self._bounded(take_permit(self._store, state, record.expires_at_ms))
+        if permit.head is None:
+            if permit.stage is Stage.APPROVED and permit.code is not None:  # paused
+                return trace.error(permit.code, recorded=False)
+            return None
+        head = trace.commit("Dispatched", permit.head)
+        call = ToolCall(
+            run_id=state.run_id,
+            tool_call_id=state.tool_call_id,
+            invocation_id=record.invocation_id,
+            tool=state.tool,
+        )
+        try:
+            return await self._execute(tool, call, record.request, head, trace)
+        except RecordExpired:
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
+        except (StoreUnavailable, Refused):
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
+
+    async def _outcome(
+        self, trace: CallTrace, state: InvocationState, request: bytes
+    ) -> AgentReply:
+        """A governed call's recorded reply, waiting a while for one still running."""
+        try:
+            reply = await replay_duplicate(
+                self._store.reader,
+                self._bounded,
+                run_id=state.run_id,
+                tool_call_id=state.tool_call_id,
+                tool=state.tool,
+                request=request,
+                wait_s=self._replay_wait_s,
+            )
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        if isinstance(reply, ToolError) and reply.error_code is ErrorCode.DUPLICATE_TOOL_CALL:
+            # Still running elsewhere past the wait, or taken by a process that died.
+            return trace.replay(trace.error(ErrorCode.ALREADY_DISPATCHED, recorded=True))
+        return trace.replay(reply)
 
     def _refuse(
         self, trace: CallTrace, code: ErrorCode, stage: str, limit: LimitHit | None = None
