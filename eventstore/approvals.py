@@ -16,7 +16,11 @@ atomic script as every other, checked by the same transition table:
 - :func:`pause_run` / :func:`unpause_run`: the run's pause switch, with who, when and
   why; creation and the permit read it in the script that writes them.
 - :func:`pending_approvals`: the calls waiting for a decision across the latest runs,
-  from the run index and each run's count of its waiting calls (kept by the scripts).
+  from the run index and each run's count of its waiting calls (kept by the scripts);
+  :func:`sweep_expired` records the expiry of those past it (``canon approvals
+  --sweep``, from cron or a timer), so an expired call shows as such without anyone
+  touching it. It writes records, so it runs with the writer's credentials, never a
+  projection worker's.
 
 Nothing here runs a tool; reading a decision never consumes it.
 """
@@ -303,6 +307,27 @@ async def pending_approvals(store: Store, *, runs: int = 200, limit: int = 100) 
         runs_examined=page.examined,
         complete=len(found) <= limit and page.cursor is None,
     )
+
+
+async def sweep_expired(store: Store, *, runs: int = 200) -> int:
+    """Record the expiry of every call of the latest ``runs`` runs waiting past it.
+
+    Returns how many expiries this sweep recorded. Idempotent and safe beside any other
+    writer: each expiry is one append checked against the call's version, so a decision
+    or a resume that came first wins.
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    waiting = await pending_approvals(store, runs=runs, limit=1000)
+    recorded = 0
+    for entry in waiting.calls:
+        try:
+            recorded += await expire(store, entry.run_id, entry.call.tool_call_id)
+        except NotAwaitingApproval:
+            continue  # its record expired meanwhile
+    return recorded
 
 
 async def pause_run(store: Store, run_id: str, *, by: str, reason: str) -> bool:

@@ -1,4 +1,4 @@
-"""``canon approvals|approve|deny|pause|unpause``: an operator governs side-effecting calls.
+"""``canon approvals|approve|...|sweep-approvals``: operators govern side-effecting calls.
 
 ``canon approvals RUN_ID`` lists the run's governed calls that wait: for a decision, or
 approved and not yet resumed; without a run, the calls waiting for a decision across the
@@ -8,7 +8,9 @@ SCAN).
 operator's decision: the first decision wins, and a later one prints what was decided
 (exit 1). ``canon pause RUN_ID --reason TEXT`` stops the run's new calls and dispatches
 until ``canon unpause``. The operator is ``--by`` (default: this machine's user name); who,
-when and why are kept on the call or the run.
+when and why are kept on the call or the run. ``canon sweep-approvals`` records the expiry
+of every call of the latest runs left waiting past its approval's expiry (run it from cron
+or a timer: otherwise an expiry is recorded when the call is next resumed or decided).
 
 Exit 0 when the decision or the pause was recorded, 1 when the call was already decided
 (or is not waiting) or the run is unknown, 2 on usage errors, 3 when Redis is unavailable.
@@ -34,6 +36,7 @@ from eventstore.approvals import (
     decide,
     pause_run,
     pending_approvals,
+    sweep_expired,
     unpause_run,
 )
 from eventstore.audit.run_calls import CallRow, run_calls
@@ -125,6 +128,18 @@ def _pause(args: argparse.Namespace) -> int:
         fail(f"no run {args.run_id} (unknown or expired)")
         return RET_PROBLEM
     stdout_console().print(f"{args.run_id}: {args.command}d by {args.by}")
+    return RET_OK
+
+
+def _sweep(args: argparse.Namespace) -> int:
+    setup_logging(args)
+
+    async def work() -> int:
+        async with open_store(args) as store:
+            return await sweep_expired(store, runs=args.runs)
+
+    expired = asyncio.run(work())
+    stdout_console().print(f"{expired} expired approval(s) recorded")
     return RET_OK
 
 
@@ -265,3 +280,17 @@ def register(subparsers: Any) -> None:
         add_connection_args(parser)
         add_logging_args(parser)
         parser.set_defaults(handler=_pause, log_level="WARNING")
+    sweep = subparsers.add_parser(
+        "sweep-approvals",
+        help="record the expiry of governed calls left waiting past it",
+        description=__doc__,
+    )
+    sweep.add_argument(
+        "--runs",
+        type=int,
+        default=200,
+        help="how many of the latest runs to look at (default 200)",
+    )
+    add_connection_args(sweep)
+    add_logging_args(sweep)
+    sweep.set_defaults(handler=_sweep, log_level="WARNING")

@@ -28,7 +28,7 @@ from rich.table import Table
 from canon.argtypes import bounded, port_number
 from canon.commands.replay import print_replay
 from canon.connection import add_connection_args, open_store
-from canon.demo.harness import DemoRun, drive, planned_calls
+from canon.demo.harness import WAITING, DemoRun, drive, planned_calls
 from canon.demo.look import Where, print_look
 from canon.demo.serving import demo_token, keep_serving, listen
 from canon.exitcodes import RET_OK
@@ -221,6 +221,7 @@ async def run_demo(
         where.failed_call = runs[0].first_call_with("ERROR/EXECUTION_FAILED")
         # The last run's budget is the one that binds (see drive).
         where.budget_run = runs[-1].run_id
+        where.waiting_call = runs[0].first_call_with(WAITING)
         where.runs = [demo_run.run_id for demo_run in runs]
         if then is not None:
             await then(store, where)

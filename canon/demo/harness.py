@@ -14,6 +14,7 @@ from typing import Any
 from canon.demo.tools import demo_tools
 from eventstore.boundary.contracts import (
     AgentReply,
+    ApprovalPending,
     RunContext,
     ToolEnvelope,
     ToolError,
@@ -22,6 +23,8 @@ from eventstore.boundary.contracts import (
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.store import Store
 
+#: The label of a call that waits for an operator's approval.
+WAITING = "AWAITING_APPROVAL"
 QUERIES = ["refund", "shipping", "warranty", "recovery codes", "export", "teleport"]
 
 
@@ -53,8 +56,9 @@ class DemoRun:
 def plan_run(run_id: str, calls: int, other_run_id: str, rng: random.Random) -> list[PlannedCall]:
     """Return the call mix of one run.
 
-    Searches, an empty lookup, a failure, an oversized export, a writable tool, a
-    duplicate id and a call that claims another run.
+    Searches, an empty lookup, a failure, an oversized export, a refund that waits for
+    an operator's approval, a writable tool with no approval policy, a duplicate id and
+    a call that claims another run.
     """
 
     def call(i: int, tool: str, note: str, **arguments: Any) -> PlannedCall:
@@ -69,6 +73,7 @@ def plan_run(run_id: str, calls: int, other_run_id: str, rng: random.Random) -> 
         call(calls + 1, "flaky_api", "upstream fails", invoice="inv-7"),
         call(calls + 2, "export_dump", "oversized response", table="orders"),
         call(calls + 3, "delete_user", "writable tool", user="u-9"),
+        call(calls + 4, "issue_refund", "waits for approval", order="ord-1042", amount_eur=25),
         call(0, "kb_search", "duplicate id", query="refund"),
     ]
     cross = ToolEnvelope(
@@ -82,6 +87,8 @@ def outcome_of(reply: AgentReply) -> str:
     """A short label of a reply for the tables."""
     if isinstance(reply, ToolResult):
         return f"READY/{reply.evidence_status.value}"
+    if isinstance(reply, ApprovalPending):
+        return WAITING
     assert isinstance(reply, ToolError)
     return f"ERROR/{reply.error_code.value}"
 
@@ -108,7 +115,13 @@ async def drive(
             run_id,
             deadline=timedelta(minutes=10),
             budget=budget,
-            tools={"kb_search": None, "ticket_lookup": 5, "flaky_api": 2, "export_dump": 1},
+            tools={
+                "kb_search": None,
+                "ticket_lookup": 5,
+                "flaky_api": 2,
+                "export_dump": 1,
+                "issue_refund": 1,
+            },
         )
         demo_runs.append(DemoRun(run_id, budget))
 
@@ -140,4 +153,4 @@ async def drive(
 
 def planned_calls(runs: int, calls_per_run: int) -> int:
     """How many calls :func:`drive` will make."""
-    return runs * (calls_per_run + 6)
+    return runs * (calls_per_run + 7)

@@ -35,6 +35,8 @@ class Where:
     failed_call: str | None = None
     #: The run whose budget ran out: its refusals are on record.
     budget_run: str | None = None
+    #: The first run's refund, waiting for an operator's approval.
+    waiting_call: str | None = None
     runs: list[str] = field(default_factory=list)
 
 
@@ -75,6 +77,15 @@ def look_commands(where: Where) -> list[tuple[str, str]]:
                 "the run whose budget ran out: its calls, then the calls it refused",
             )
         )
+    if where.waiting_call:
+        call = shlex.quote(where.waiting_call)
+        commands += [
+            (f"canon approvals {target}", "the calls waiting for an operator's approval"),
+            (
+                f'canon approve {run} {call} --reason "checked the order" {target}',
+                "approve the refund: it runs once, when the harness resumes it",
+            ),
+        ]
     commands += [
         (f"canon runs {target}", "recent runs: status, calls by outcome, refusals, budget"),
         (f"canon export {run} {target}", "the run's records and events as JSON Lines"),

@@ -1,8 +1,9 @@
 """Simulated tools of the demo.
 
 A knowledge-base search that finds evidence, a ticket lookup that finds nothing, an
-upstream API that fails, an export that returns far too much, and a writable tool that
-preflight refuses.
+upstream API that fails, an export that returns far too much, a refund that changes
+things and so waits for an operator's approval, and a writable tool with no approval
+policy, which preflight refuses.
 """
 
 from __future__ import annotations
@@ -71,6 +72,17 @@ def project_passthrough(raw: Any, call: ToolCall) -> Projection:
     return Projection(result=str(raw)[:64], evidence_status="EVIDENCE_FOUND")
 
 
+async def issue_refund(arguments: dict[str, Any], call: ToolCall) -> dict[str, Any]:
+    """Refund an order: a side effect, so it runs only once an operator approved it."""
+    await asyncio.sleep(random.uniform(0.001, 0.003))
+    return {"order": arguments.get("order"), "refunded_eur": arguments.get("amount_eur")}
+
+
+def project_refund(raw: dict[str, Any], call: ToolCall) -> Projection:
+    """The agent learns what was refunded."""
+    return Projection(result=raw, evidence_status="EVIDENCE_FOUND", scope=f"orders:{raw['order']}")
+
+
 def demo_tools() -> dict[str, ToolSpec]:
     """The tools the demo harness may call."""
     return {
@@ -78,5 +90,12 @@ def demo_tools() -> dict[str, ToolSpec]:
         "ticket_lookup": ToolSpec(executor=ticket_lookup, projector=project_tickets),
         "flaky_api": ToolSpec(executor=flaky_api, projector=project_passthrough),
         "export_dump": ToolSpec(executor=export_dump, projector=project_passthrough),
+        "issue_refund": ToolSpec(
+            executor=issue_refund,
+            projector=project_refund,
+            read_only=False,
+            approval=True,
+            description="Refund an order (waits for an operator's approval).",
+        ),
         "delete_user": ToolSpec(executor=flaky_api, projector=project_passthrough, read_only=False),
     }

@@ -1,7 +1,9 @@
-"""Governed calls under racing processes, some SIGKILLed: the tool of each call runs at
-most once, exactly once for each approved call whose permit holder lived, never for a
-denied or expired one; no receipt says not_dispatched after a permit; nothing is
-dispatched again by itself after its holder died; every record keeps its expiry."""
+"""Governed calls under racing processes, some SIGKILLed, each driving a real ToolBoundary
+at random (re-entering the call, resuming it, deciding it, pausing the run): the tool of
+each call runs at most once, exactly once for each approved call whose permit holder
+lived, never for a denied or expired one; no receipt says not_dispatched after a permit;
+nothing is dispatched again by itself after its holder died; every record keeps its
+expiry."""
 
 from __future__ import annotations
 
@@ -14,13 +16,13 @@ import time
 from datetime import timedelta
 from typing import Any
 
-from eventstore.approvals import new_approval_id
+from eventstore import ApprovalPending, RunContext, ToolEnvelope
 from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import Store
-from eventstore.writer import now_ms
 from machine.codes import ErrorCode, Stage
 from machine.ids import invocation_id
 from projections.receipts.inspection import inspect_invocation
+from tests.support.governed_racer import arguments_of, boundary_of, tool_of
 
 RUN = "run-race"
 # Few calls, many racers: they collide on the same call's permit again and again.
@@ -69,16 +71,13 @@ async def test_racing_and_killed_resumers_run_each_tool_at_most_once(
     try:
         async with Store.from_url(server.url, namespace=namespace, shards=2) as store:
             await store.open_run(RUN, deadline=timedelta(minutes=10))
-            for n, call in enumerate(CALLS):
-                await store.writer.request_approval(
-                    RUN,
-                    call,
-                    "refund",
-                    b'{"amount":%d}' % n,
-                    approval_id=new_approval_id(),
-                    # One in four expires while the processes race.
-                    approval_expires_at_ms=now_ms() + (300 if n % 4 == 0 else 600_000),
+            # The agent's calls: each recorded waiting (one in four expires while they race).
+            boundary = boundary_of(store, namespace)
+            for call in CALLS:
+                envelope = ToolEnvelope(
+                    run_id=RUN, tool_call_id=call, tool=tool_of(call), arguments=arguments_of(call)
                 )
+                assert isinstance(await boundary.invoke(RunContext(RUN), envelope), ApprovalPending)
             for round_ in range(ROUNDS):
                 group = [racer(server.url, namespace, round_ * 10 + k) for k in range(RACERS)]
                 processes += group

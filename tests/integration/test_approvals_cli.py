@@ -164,3 +164,28 @@ async def test_the_console_and_the_cli_list_the_calls_waiting_across_runs(
         runs = await client.get("/console/?status=awaiting_approval")
         assert f'href="/console/runs/{RUN}"' in runs.text
         assert (await client.get("/console/approvals?x=1")).status_code == 400
+
+
+async def test_a_sweep_records_the_expiry_of_calls_left_waiting_past_it(
+    make_store: Any, redis_url: str, namespace: str
+) -> None:
+    """Only the calls past their approval's expiry end APPROVAL_EXPIRED; a second sweep
+    finds nothing more."""
+    store: Store = make_store(shards=2)
+    await waiting(store, "fresh")
+    await store.writer.request_approval(
+        RUN,
+        "stale",
+        "refund",
+        b'{"amount":5}',
+        approval_id=new_approval_id(),
+        approval_expires_at_ms=now_ms() - 1,
+    )
+    swept = canon(redis_url, namespace, "sweep-approvals")
+    assert swept.returncode == 0, swept.stderr
+    assert "1 expired approval(s) recorded" in swept.stdout
+    stale, fresh = [await store.get(RUN, call) for call in ("stale", "fresh")]
+    assert stale is not None and stale.state.error_code is ErrorCode.APPROVAL_EXPIRED
+    assert fresh is not None and fresh.state.stage is Stage.AWAITING_APPROVAL
+    again = canon(redis_url, namespace, "sweep-approvals")
+    assert again.returncode == 0 and "0 expired approval(s) recorded" in again.stdout
