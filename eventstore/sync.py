@@ -489,6 +489,11 @@ class SyncBoundary:
         raise StoreClosed("this SyncStore is closed")
 
     @property
+    def store(self) -> SyncStore:
+        """The sync store this boundary records its calls in (to read a call's record)."""
+        return self._store
+
+    @property
     def stuck_tool_threads(self) -> int:
         """Tool threads still running a tool whose call ended (time limit, cancellation).
 

@@ -185,6 +185,11 @@ class ToolBoundary:
         return dict(self._refused)
 
     @property
+    def store(self) -> Store:
+        """The store this boundary records its calls in (to read a call's record)."""
+        return self._store
+
+    @property
     def store_timeout_s(self) -> float:
         """The longest one store operation of a call may take (see ``store_timeout_s``)."""
         return self._store_timeout_s
