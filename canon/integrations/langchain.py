@@ -19,12 +19,22 @@ TOOLS)`` shows the model each spec's ``description`` and ``input_schema`` (a
 :class:`~canon.integrations._shared.ToolSchema` may be given instead). Like LangGraph's
 ``tool_node``, the tools answer a call with a used (run, tool call id) by replay unless
 told otherwise (``on_duplicate=``): a graph that resumes or forks sends its calls again.
+
+Governed tools (a ``ToolSpec`` with ``approval``): canon records the call frozen and
+answers that it waits for an operator. Inside a LangGraph graph (a node, or LangGraph's
+``ToolNode``), the call then interrupts the graph with :func:`approval_request`'s
+payload (LangGraph's ``interrupt``); when the graph is resumed, whatever the resume value
+says, the call asks canon again: still waiting, it interrupts again; approved, the one
+dispatch runs; denied or expired, the ``ToolMessage`` is the error (``status="error"``).
+Outside a graph, the waiting reply is the ``ToolMessage`` (``{"status":
+"awaiting_approval", ...}``), and calling the tool again later with the same call asks
+canon again. Only canon's operators decide: a resume value never approves anything.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Callable, Mapping
+from typing import Any, Final
 
 from canon.integrations._shared import (
     Boundary,
@@ -48,15 +58,27 @@ from pydantic import ConfigDict  # noqa: E402
 
 from eventstore.boundary.contracts import (  # noqa: E402
     AgentReply,
+    ApprovalPending,
     RunContext,
     ToolEnvelope,
     ToolSpec,
 )
 
-__all__ = ["THREAD_ID", "Boundary", "BoundaryTool", "as_tools", "run_id_of"]
+__all__ = [
+    "APPROVAL_INTERRUPT",
+    "THREAD_ID",
+    "Boundary",
+    "BoundaryTool",
+    "approval_request",
+    "as_tools",
+    "run_id_of",
+]
 
 #: The config key LangGraph names a conversation by; a run of canon by default.
 THREAD_ID = "thread_id"
+
+#: The ``type`` of the interrupt a governed call raises while it waits for an operator.
+APPROVAL_INTERRUPT: Final = "tool_approval"
 
 
 def run_id_of(config: RunnableConfig | None, run_id_key: str = THREAD_ID) -> str:
@@ -100,25 +122,103 @@ def tool_message(reply: AgentReply, tool_call_id: str | None, name: str) -> Tool
     )
 
 
+def approval_request(run_id: str, pending: ApprovalPending, name: str, args: Any) -> dict[str, Any]:
+    """The value a governed call interrupts its graph with while it waits for an operator.
+
+    ``{"type": "tool_approval", "run_id", "tool_call_id", "approval_id", "name",
+    "args"}``: what a harness shows a reviewer, and the ids an operator decides with
+    (``store.decide(run_id, tool_call_id, ...)``, ``canon approve RUN CALL``). It is
+    information, not a question: the graph's resume value is never read as a decision.
+    """
+    return {
+        "type": APPROVAL_INTERRUPT,
+        "run_id": run_id,
+        "tool_call_id": pending.tool_call_id,
+        "approval_id": pending.approval_id,
+        "name": name,
+        "args": args,
+    }
+
+
+def graph_interrupt() -> Callable[[Any], Any] | None:
+    """LangGraph's ``interrupt`` when this runs inside a graph's node, else None."""
+    try:
+        from langgraph.runtime import get_runtime
+        from langgraph.types import interrupt
+    except ImportError:  # the langchain extra alone: no graph can be running
+        return None
+    try:
+        runtime = get_runtime()
+    except RuntimeError:  # not even inside a runnable
+        return None
+    return interrupt if runtime is not None else None
+
+
+def resumed_in_graph(run_id: str, pending: ApprovalPending, name: str, args: Any) -> bool:
+    """Wait for an operator in LangGraph's way: interrupt the graph, ask canon on resume.
+
+    Inside a graph's node, the first time this raises LangGraph's ``GraphInterrupt``
+    (the node stops; the graph returns the :func:`approval_request`). When the graph is
+    resumed, LangGraph re-runs the node from its start, so the call reaches this again
+    and LangGraph's ``interrupt`` returns the resume value instead of raising: True then,
+    whatever the value says, and the caller asks canon again. Outside a graph, False: the
+    waiting reply is the answer.
+
+    Raises:
+        GraphInterrupt: inside a graph, the call waits and no resume value is left.
+
+    """
+    interrupt = graph_interrupt()
+    if interrupt is None:
+        return False
+    interrupt(approval_request(run_id, pending, name, args))  # the value decides nothing
+    return True
+
+
 def call_blocking(
     boundary: Boundary, run_id: str, tool_call_id: str | None, name: str, args: Any
 ) -> ToolMessage:
-    """Run one ``ToolCall`` through ``boundary`` from a thread; see :func:`invoke_blocking`."""
+    """Run one ``ToolCall`` through ``boundary`` from a thread; see :func:`invoke_blocking`.
+
+    A governed call that waits interrupts its graph (:func:`resumed_in_graph`); each
+    resume sends the same call again, which canon answers from its record.
+
+    Raises:
+        GraphInterrupt: inside a LangGraph graph, the call waits for an operator.
+
+    """
     envelope = envelope_of(run_id, tool_call_id, name, args)
-    return tool_message(invoke_blocking(boundary, RunContext(run_id), envelope), tool_call_id, name)
+    ctx = RunContext(run_id)
+    reply = invoke_blocking(boundary, ctx, envelope)
+    while isinstance(reply, ApprovalPending) and resumed_in_graph(run_id, reply, name, args):
+        reply = invoke_blocking(boundary, ctx, envelope)
+    return tool_message(reply, tool_call_id, name)
 
 
 async def call_awaiting(
     boundary: Boundary, run_id: str, tool_call_id: str | None, name: str, args: Any
 ) -> ToolMessage:
-    """Run one ``ToolCall`` through ``boundary`` from a loop; see :func:`invoke_awaiting`."""
+    """Run one ``ToolCall`` through ``boundary`` from a loop; see :func:`invoke_awaiting`.
+
+    A governed call that waits interrupts its graph, as :func:`call_blocking`.
+
+    Raises:
+        GraphInterrupt: inside a LangGraph graph, the call waits for an operator.
+
+    """
     envelope = envelope_of(run_id, tool_call_id, name, args)
-    reply = await invoke_awaiting(boundary, RunContext(run_id), envelope)
+    ctx = RunContext(run_id)
+    reply = await invoke_awaiting(boundary, ctx, envelope)
+    while isinstance(reply, ApprovalPending) and resumed_in_graph(run_id, reply, name, args):
+        reply = await invoke_awaiting(boundary, ctx, envelope)
     return tool_message(reply, tool_call_id, name)
 
 
 class BoundaryTool(BaseTool):
     """A LangChain tool that runs through a canon boundary; built by :func:`as_tools`.
+
+    A governed call waiting for an operator interrupts the LangGraph graph the tool runs
+    in, and asks canon again when the graph is resumed (see the module's docstring).
 
     Attributes:
         boundary: the ``ToolBoundary`` or ``SyncBoundary`` whose ToolSpec of the same name

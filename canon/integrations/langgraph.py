@@ -21,6 +21,22 @@ on request): those calls (same thread, same call ids, same arguments) get the re
 replies, the tools are not executed again and the model sees the same results. A
 different request under a used id is still DUPLICATE_TOOL_CALL.
 
+Governed tools (a ``ToolSpec`` with ``approval``) wait in LangGraph's own way. A call
+canon records as waiting for an operator interrupts the graph (``interrupt``) with
+``{"type": "tool_approval", "run_id", "tool_call_id", "approval_id", "name", "args"}``
+(:func:`~canon.integrations.langchain.approval_request`); the node's other calls still
+run and are recorded. The graph is resumed with ``Command(resume=...)``: LangGraph re-runs
+the node, and each call asks canon again. The resume value is never read: canon's
+operators decide (``store.decide``, ``canon approve``), never the graph's caller. Still
+waiting, the call interrupts again and nothing runs; approved, its one dispatch runs and
+the ``ToolMessage`` carries the result; denied or expired, a ``ToolMessage`` with
+``status="error"`` carries APPROVAL_DENIED or APPROVAL_EXPIRED. A node re-run after
+that (a restart from the last checkpoint, a second resume, a fork from an earlier
+checkpoint) gets the recorded outcome, and a dispatch a crash cut short answers
+ALREADY_DISPATCHED: the tool never runs twice. When several calls of one node wait, LangGraph shows
+the first interrupt only (a ``ToolNode`` stops at its first raised interrupt);
+``store.pending_approvals()`` lists them all, and one resume asks canon for each.
+
 ``graph.invoke`` runs the node's calls in threads: give a
 :class:`~eventstore.SyncBoundary` (it serves ``graph.ainvoke`` too). An async
 ``ToolBoundary`` serves ``ainvoke`` on its store's loop only.
@@ -42,14 +58,16 @@ from langgraph.prebuilt.tool_node import ToolCallRequest  # noqa: E402
 from langgraph.types import Command  # noqa: E402
 
 from canon.integrations.langchain import (  # noqa: E402
+    APPROVAL_INTERRUPT,
     THREAD_ID,
     Boundary,
+    approval_request,
     call_awaiting,
     call_blocking,
     run_id_of,
 )
 
-__all__ = ["BoundaryToolCalls", "tool_node"]
+__all__ = ["APPROVAL_INTERRUPT", "BoundaryToolCalls", "approval_request", "tool_node"]
 
 
 class BoundaryToolCalls:
@@ -65,7 +83,8 @@ class BoundaryToolCalls:
 
     Pass :meth:`wrap_tool_call` and :meth:`awrap_tool_call` to a ``ToolNode`` (or use
     :func:`tool_node`). A call of a tool the node does not list goes to the node itself,
-    which answers LangGraph's invalid-tool message without running anything.
+    which answers LangGraph's invalid-tool message without running anything. A governed
+    call waiting for an operator interrupts the graph (see the module's docstring).
 
     Raises:
         InvalidArgument: ``on_duplicate`` is not one of its values.
@@ -102,6 +121,7 @@ class BoundaryToolCalls:
         Raises:
             TypeError: the boundary is an async ``ToolBoundary``.
             ValueError: the graph's config names no run.
+            GraphInterrupt: the call is governed and waits for an operator.
 
         """
         if request.tool is None:  # not this node's tool: LangGraph answers, nothing runs
@@ -120,6 +140,7 @@ class BoundaryToolCalls:
 
         Raises:
             ValueError: the graph's config names no run.
+            GraphInterrupt: the call is governed and waits for an operator.
 
         """
         if request.tool is None:  # not this node's tool: LangGraph answers, nothing runs
