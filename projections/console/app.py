@@ -44,7 +44,7 @@ from eventstore.errors import InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from machine.ids import is_invocation_id, is_run_id
 from projections.console import views
-from projections.console.auth import LoginThrottle, OperatorAuth, client_key, could_be_token
+from projections.console.auth import LoginThrottle, OperatorAuth, OperatorGate
 from projections.console.timeline import LEGEND, duration_text
 from projections.http import CONSOLE_PREFIX, bearer_token
 from projections.receipts.builder import iso_ms
@@ -267,7 +267,9 @@ class Console:
         self._auth = auth
         self._secure = secure_cookie
         self.cookie_name = cookie_name or COOKIE_PREFIX + secrets.token_hex(4)
-        self._throttle = throttle or LoginThrottle()
+        #: The operator token's check and its limit on failures; the HTTP API's decision
+        #: routes take the same (``create_app(..., operator=console.gate)``).
+        self.gate = OperatorGate(auth, throttle)
         self._env = _environment()
 
     def _cookie(self, request: Request) -> str | None:
@@ -298,13 +300,6 @@ class Console:
         response.headers["Retry-After"] = str(wait_s)
         return response
 
-    def _failed(self, client: str) -> None:
-        """Count a failed token check; log once each time it leaves the client limited."""
-        self._throttle.failed(client)
-        wait_s = self._throttle.retry_after_s(client)
-        if wait_s:
-            log.warning("console_logins_limited", client=client_key(client), retry_after_s=wait_s)
-
     def _refused(self, request: Request, refused: FormRefused) -> Response:
         log.warning("console_form_refused", reason=refused.reason, route=request.scope["path"])
         return self._error(request, 400, "That form could not be read: use the console's own.")
@@ -317,15 +312,13 @@ class Console:
             if self._auth.check_session(self._cookie(request)):
                 return None
             return self._login(request, 401, _next_path(path))
-        # A value too short to be the token is no guess at it: refused, never counted.
-        if could_be_token(token):
-            client = _client(request)
-            wait_s = self._throttle.retry_after_s(client)
-            if wait_s:
-                return self._throttled(request, wait_s)
-            if self._auth.check_token(token):
-                return None
-            self._failed(client)
+        client = _client(request)
+        accepted, wait_s = self.gate.check(token, client)
+        if wait_s:
+            return self._throttled(request, wait_s)
+        if accepted:
+            return None
+        self.gate.failed(client, token)  # a value too short to be the token is not counted
         return self._login(request, 401, _next_path(path))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -355,7 +348,7 @@ class Console:
 
     async def _log_in(self, request: Request) -> Response:
         client = _client(request)
-        wait_s = self._throttle.retry_after_s(client)
+        wait_s = self.gate.retry_after_s(client)
         if wait_s:
             return self._throttled(request, wait_s, CONSOLE_HOME)
         try:
@@ -367,8 +360,7 @@ class Console:
         next_path = _next_path(form.get("next"))
         token = form["token"]
         if not self._auth.check_token(token):
-            if could_be_token(token):
-                self._failed(client)
+            self.gate.failed(client, token)
             return self._login(request, 401, next_path, "That is not the operator token.")
         response = RedirectResponse(next_path, status_code=303, headers=_HEADERS)
         session = self._auth.start_session()
