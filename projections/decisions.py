@@ -189,7 +189,4 @@ def notice(result: CallDecision, approve: bool) -> str:
     asked = "approved" if approve else "denied"
     if decision.outcome == "expired":
         return f"{call}: not {asked} here: its approval had expired undecided."
-    return (
-        f"{call}: not {asked} here: it was already {decision.outcome} "
-        f"by {decision.decided_by}."
-    )
+    return f"{call}: not {asked} here: it was already {decision.outcome} by {decision.decided_by}."
