@@ -26,8 +26,9 @@ the operator token only: a run's token is 403 ``operator_token_required`` (an ag
 decides, not even its own call's fate), a wrong one 401 and counted against the console's
 allowance of failed logins (429 past it). The body is one JSON object, 16 KiB at most
 (128 KiB for a batch), checked whole before anything is decided; each problem is 400 with
-a stable code. Without the operator token these routes do not exist: every POST is 404,
-as it always was. Every other route stays GET only, and no answer carries a payload.
+a stable code. Without the operator token these routes do not exist: a POST is answered
+as any other (401, or 404 with a run's token). Every other route stays GET only, and no
+answer carries a payload.
 """
 
 from __future__ import annotations
