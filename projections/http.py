@@ -1,4 +1,4 @@
-"""The read-only receipt HTTP API (Starlette; served by uvicorn).
+"""The receipt HTTP API (Starlette; served by uvicorn), and the operators' decisions.
 
 ``GET /v1/invocations/inspection-capabilities``,
 ``GET /v1/invocations/<64 lowercase hex>/receipt``, ``GET /v1/runs/<run id>/progress`` and
@@ -17,14 +17,27 @@ storage); the invocation is looked up through the token's run only (404
 revoked since the call gives 409. A store failure is 503, anything unexpected 500, neither
 with details. There is no pause check: inspection works while execution is paused. A 401
 carries ``WWW-Authenticate: Bearer`` (RFC 6750).
+
+Two POST routes take an operator's decision on governed calls, when the app has the
+operator token (``create_app(..., operator=...)``, the console's): ``POST
+/v1/runs/<run id>/invocations/<invocation id>/approval`` decides one call, ``POST
+/v1/approvals`` one decision for up to 100 listed calls under one decision id. They take
+the operator token only: a run's token is 403 ``operator_token_required`` (an agent never
+decides, not even its own call's fate), a wrong one 401 and counted against the console's
+allowance of failed logins (429 past it). The body is one JSON object, 16 KiB at most
+(128 KiB for a batch), checked whole before anything is decided; each problem is 400 with
+a stable code. Without the operator token these routes do not exist: a POST is answered
+as any other (401, or 404 with a run's token). Every other route stays GET only, and no
+answer carries a payload.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 import msgspec
 from starlette.applications import Starlette
@@ -33,14 +46,23 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
+from eventstore.approvals import MAX_APPROVER_CHARS, MAX_REASON_CHARS, new_approval_id
 from eventstore.audit.run_calls import run_calls
 from eventstore.boundary.contracts import RunContext
-from eventstore.errors import StoreUnavailable
+from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from eventstore.runs import RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
-from machine.ids import is_invocation_id
+from machine.ids import is_invocation_id, is_run_id, is_tool_call_id
+from projections.decisions import (
+    MAX_BATCH_CALLS,
+    CallDecision,
+    checked_by,
+    checked_reason,
+    decide_call,
+    decide_invocation,
+)
 from projections.facts import observed_facts
 from projections.metrics import Metrics
 from projections.progress import read_view
@@ -51,15 +73,23 @@ from projections.receipts.inspection import (
     inspect_invocation,
 )
 
+if TYPE_CHECKING:  # the console's package imports this module: no import cycle at runtime
+    from projections.console.auth import OperatorGate
+
 log = get_logger("canon.http")
 
 CAPABILITIES_PATH: Final = "/v1/invocations/inspection-capabilities"
-#: Every route served, as ``canon serve --help`` lists them.
+#: The batch decision route.
+APPROVALS_PATH: Final = "/v1/approvals"
+#: Every route served, as ``canon serve --help`` lists them (the POST routes need the
+#: operator token).
 ROUTES: Final = (
     f"GET {CAPABILITIES_PATH}",
     "GET /v1/invocations/<invocation id>/receipt",
     "GET /v1/runs/<run id>/progress",
     "GET /v1/runs/<run id>/invocations",
+    "POST /v1/runs/<run id>/invocations/<invocation id>/approval",
+    f"POST {APPROVALS_PATH}",
 )
 # Any one segment, so a malformed id is told apart (400) from a path of another shape
 # (404); the segment is checked with is_invocation_id before any lookup.
@@ -67,7 +97,17 @@ _RECEIPT_PATH: Final = re.compile(r"/v1/invocations/([^/]*)/receipt")
 _RUN_PATH: Final = re.compile(
     r"/v1/runs/([A-Za-z0-9_\-][A-Za-z0-9._\-]{0,127})/(progress|invocations)"
 )
+# Any two segments, so an operator's malformed id is told apart from another path.
+_APPROVAL_PATH: Final = re.compile(r"/v1/runs/([^/]*)/invocations/([^/]*)/approval")
 PROGRESS_SCHEMA: Final = "canon.run-progress.v1"
+DECISION_SCHEMA: Final = "canon.approval-decision.v1"
+DECISIONS_SCHEMA: Final = "canon.approval-decisions.v1"
+#: Largest decision body accepted (bytes): one call's, and a batch's of up to 100 calls.
+MAX_DECISION_BYTES: Final = 16 * 1024
+MAX_BATCH_BYTES: Final = 128 * 1024
+_DECISION_FIELDS: Final = frozenset({"decision", "reason", "by"})
+_BATCH_FIELDS: Final = frozenset({*_DECISION_FIELDS, "calls"})
+_CALL_FIELDS: Final = frozenset({"run_id", "tool_call_id"})
 INVOCATIONS_SCHEMA: Final = "canon.run-invocations.v1"
 _MAX_TOKEN_CHARS: Final = 512
 _CAPABILITIES: Final = msgspec.json.encode(
@@ -81,6 +121,13 @@ _CONSOLE_OFF_MESSAGE: Final = "The console is off: no operator token is configur
 #: Where the operator console answers (its routes: projections.console.CONSOLE_ROUTES).
 CONSOLE_PREFIX: Final = "/console"
 _RUN_NOT_FOUND_MESSAGE: Final = "No run with this id is visible to this token."
+_OPERATOR_ONLY_MESSAGE: Final = "Only the operator token decides; a run's token never does."
+_DECISION_NOT_FOUND_MESSAGE: Final = "No call with this id in this run (it may have expired)."
+_NOT_AWAITING_MESSAGE: Final = "The call is not a governed call awaiting a decision."
+_ACCESS_DENIED_MESSAGE: Final = (
+    "The server's Redis user may not record a decision: serve with a writer user."
+)
+_DECISION_QUERY_MESSAGE: Final = "A decision does not accept query parameters."
 
 
 def _json(status: int, body: bytes | dict[str, Any]) -> Response:
@@ -208,7 +255,260 @@ async def invocations_document(store: Store, run_id: str) -> dict[str, Any]:
     }
 
 
-async def _answer(store: Store, request: Request) -> tuple[Response, str]:
+class BadRequest(InvalidArgument):
+    """Raised when a decision's request cannot be taken; the HTTP status, code and message.
+
+    The message is fixed per problem: what was sent is never echoed.
+    """
+
+    def __init__(self, status: int, code: str, message: str) -> None:
+        super().__init__(message)
+        self.status, self.code, self.message = status, code, message
+
+
+def _reject_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """A JSON object's members, refusing a key given twice (which one would win is moot)."""
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise BadRequest(400, "invalid_json", "The body names a member twice.")
+        document[name] = value
+    return document
+
+
+def _no_constant(name: str) -> Any:
+    raise BadRequest(400, "invalid_json", "The body is not JSON (NaN and Infinity are not).")
+
+
+def _json_media_type(content_type: str) -> bool:
+    """Tell whether a Content-Type is ``application/json`` naming no charset but UTF-8."""
+    media_type, *parameters = content_type.split(";")
+    for parameter in parameters:
+        name, _, value = parameter.partition("=")
+        if name.strip().lower() == "charset" and value.strip().strip('"').lower() not in (
+            "utf-8",
+            "utf8",
+        ):
+            return False
+    return media_type.strip().lower() == "application/json"
+
+
+async def read_json_body(request: Request, max_bytes: int) -> Any:
+    """The request's body as JSON: at most ``max_bytes``, ``application/json``, UTF-8.
+
+    Raises:
+        BadRequest: 415 ``unsupported_media_type`` for another content type; 400
+            ``body_too_large`` past ``max_bytes`` (read no further), ``invalid_json`` for
+            bytes that are not UTF-8 JSON (a member named twice included).
+
+    """
+    if not _json_media_type(request.headers.get("content-type", "")):
+        raise BadRequest(415, "unsupported_media_type", "The body must be application/json.")
+    too_large = BadRequest(400, "body_too_large", f"The body must be at most {max_bytes} bytes.")
+    length = request.headers.get("content-length", "")
+    if length.isdigit() and int(length) > max_bytes:
+        raise too_large
+    body = bytearray()
+    async for chunk in request.stream():
+        body += chunk
+        if len(body) > max_bytes:
+            raise too_large
+    try:
+        return json.loads(
+            body.decode("utf-8"), object_pairs_hook=_reject_duplicates, parse_constant=_no_constant
+        )
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        raise BadRequest(400, "invalid_json", "The body is not a UTF-8 JSON document.") from None
+
+
+def _fields(body: Any, allowed: frozenset[str]) -> dict[str, Any]:
+    """``body`` as an object holding exactly the ``allowed`` members."""
+    if not isinstance(body, dict):
+        raise BadRequest(400, "invalid_body", "The body must be a JSON object.")
+    if set(body) - allowed:
+        raise BadRequest(400, "unknown_field", "The body holds a member this route does not take.")
+    missing = sorted(allowed - set(body))
+    if missing:
+        raise BadRequest(400, "missing_field", f"The body needs {missing[0]}.")
+    return body
+
+
+def _decision_fields(body: dict[str, Any]) -> tuple[bool, str, str]:
+    """Whether the body approves, its reason and its approver, each checked."""
+    decision = body["decision"]
+    if not isinstance(decision, str) or decision not in ("approve", "deny"):
+        raise BadRequest(400, "invalid_decision", 'decision is "approve" or "deny".')
+    reason, by = body["reason"], body["by"]
+    try:
+        reason = checked_reason(reason if isinstance(reason, str) else "")
+    except InvalidArgument:
+        raise BadRequest(
+            400,
+            "invalid_reason",
+            f"reason is printable text of 1 to {MAX_REASON_CHARS} characters.",
+        ) from None
+    try:
+        by = checked_by(by if isinstance(by, str) else "")
+    except InvalidArgument:
+        raise BadRequest(
+            400, "invalid_by", f"by is printable text of 1 to {MAX_APPROVER_CHARS} characters."
+        ) from None
+    return decision == "approve", reason, by
+
+
+def _listed_calls(calls: Any) -> list[tuple[str, str]]:
+    """The batch's calls, each a valid run id and tool call id, none twice."""
+    if not isinstance(calls, list) or not 1 <= len(calls) <= MAX_BATCH_CALLS:
+        raise BadRequest(400, "invalid_calls", f"calls is a list of 1 to {MAX_BATCH_CALLS} calls.")
+    listed: list[tuple[str, str]] = []
+    for call in calls:
+        if (
+            not isinstance(call, dict)
+            or set(call) != _CALL_FIELDS
+            or not is_run_id(call["run_id"])
+            or not is_tool_call_id(call["tool_call_id"])
+        ):
+            raise BadRequest(
+                400,
+                "invalid_calls",
+                'Each call is {"run_id": ..., "tool_call_id": ...}, both valid ids.',
+            )
+        listed.append((call["run_id"], call["tool_call_id"]))
+    if len(set(listed)) != len(listed):
+        raise BadRequest(400, "invalid_calls", "A call is listed twice.")
+    return listed
+
+
+def decision_document(result: CallDecision) -> dict[str, Any]:
+    """One call's answer to a decision: the decision it holds, or why it holds none.
+
+    Ids, the outcome, who decided and why; never a payload.
+    """
+    document: dict[str, Any] = {
+        "run_id": result.run_id,
+        "tool_call_id": result.tool_call_id,
+        "invocation_id": result.invocation_id,
+    }
+    decision = result.decision
+    if decision is None:
+        document["error"] = result.problem
+        if result.stage is not None:
+            document["stage"] = result.stage
+        return document
+    document.update(
+        approval_id=decision.approval_id,
+        outcome=decision.outcome,
+        decided_by=decision.decided_by,
+        reason=decision.reason,
+        decision_id=decision.decision_id,
+        made_now=decision.made_now,
+    )
+    return document
+
+
+async def _operator_denied(store: Store, gate: OperatorGate, request: Request) -> Response | None:
+    """401, 403 or 429 unless the request carries the operator token; None when it does."""
+    token = bearer_token(request)
+    if token is None:
+        return _unauthorized()
+    client = request.client.host if request.client is not None else ""
+    accepted, wait_s = gate.check(token, client)
+    if wait_s:
+        response = _error(429, "too_many_attempts", f"Too many wrong tokens: retry in {wait_s} s.")
+        response.headers["Retry-After"] = str(wait_s)
+        return response
+    if accepted:
+        return None
+    run_id = await store.runs.authenticate(token)
+    if run_id is not None:
+        # A run's own token is no guess at the operator's: refused, never counted.
+        log.warning("decision_refused", reason="run_token", run_id=run_id)
+        return _error(403, "operator_token_required", _OPERATOR_ONLY_MESSAGE)
+    gate.failed(client, token)
+    return _unauthorized()
+
+
+async def _decision_answer(store: Store, request: Request, route: str) -> Response:
+    """Answer an operator's POST to a decision route (the token already checked)."""
+    if request.scope.get("query_string"):
+        return _error(400, "invalid_request", _DECISION_QUERY_MESSAGE)
+    if route == "approvals":
+        body = _fields(await read_json_body(request, MAX_BATCH_BYTES), _BATCH_FIELDS)
+        approve, reason, by = _decision_fields(body)
+        calls = _listed_calls(body["calls"])
+        decision_id = new_approval_id()  # one decision, whatever calls it covers
+        results = [
+            await decide_call(
+                store,
+                run_id,
+                tool_call_id,
+                approve=approve,
+                by=by,
+                reason=reason,
+                decision_id=decision_id,
+                door="http",
+            )
+            for run_id, tool_call_id in calls
+        ]
+        return _json(
+            200,
+            {
+                "schema_version": DECISIONS_SCHEMA,
+                "decision_id": decision_id,
+                "decisions": [decision_document(result) for result in results],
+            },
+        )
+    match = _APPROVAL_PATH.fullmatch(request.scope["path"])
+    assert match is not None
+    run_id, inv_id = match.groups()
+    if not is_invocation_id(inv_id):
+        return _error(400, "invalid_request", _INVALID_ID_MESSAGE)
+    body = _fields(await read_json_body(request, MAX_DECISION_BYTES), _DECISION_FIELDS)
+    approve, reason, by = _decision_fields(body)
+    if not is_run_id(run_id):
+        return _error(404, "invocation_not_found", _DECISION_NOT_FOUND_MESSAGE)
+    result = await decide_invocation(
+        store,
+        run_id,
+        inv_id,
+        approve=approve,
+        by=by,
+        reason=reason,
+        decision_id=new_approval_id(),
+        door="http",
+    )
+    if result.problem == "invocation_not_found":
+        return _error(404, "invocation_not_found", _DECISION_NOT_FOUND_MESSAGE)
+    if result.problem == "not_awaiting_approval":
+        body = {"error": "not_awaiting_approval", "message": _NOT_AWAITING_MESSAGE}
+        return _json(409, {**body, "stage": result.stage})
+    return _json(200, {"schema_version": DECISION_SCHEMA, **decision_document(result)})
+
+
+def _decision_route(request: Request) -> str | None:
+    """``approval`` or ``approvals`` for a POST to a decision route, else None."""
+    if request.method != "POST":
+        return None
+    path: str = request.scope["path"]
+    if path == APPROVALS_PATH:
+        return "approvals"
+    return "approval" if _APPROVAL_PATH.fullmatch(path) else None
+
+
+async def _answer(
+    store: Store, request: Request, operator: OperatorGate | None = None
+) -> tuple[Response, str]:
+    if operator is not None and (route := _decision_route(request)) is not None:
+        denied = await _operator_denied(store, operator, request)
+        if denied is not None:
+            return denied, route
+        try:
+            return await _decision_answer(store, request, route), route
+        except BadRequest as bad:
+            return _error(bad.status, bad.code, bad.message), route
+        except AccessDenied:
+            # Served as a Redis user that only reads (canon-reader): say so, not "unavailable".
+            return _error(503, "store_access_denied", _ACCESS_DENIED_MESSAGE), route
     run = await _open_run(store, request)
     if run is None:
         return _unauthorized(), "unauthorized"
@@ -295,15 +595,21 @@ class _Endpoint:
 
 
 def create_app(
-    store: Store, *, metrics: Metrics | None = None, console: ASGIApp | None = None
+    store: Store,
+    *,
+    metrics: Metrics | None = None,
+    console: ASGIApp | None = None,
+    operator: OperatorGate | None = None,
 ) -> Starlette:
     """Build the receipt API over ``store`` (which the caller opens and closes).
 
     Args:
-        store: the store to read; the app never writes to it.
+        store: the store to read; the app writes to it only an operator's decisions.
         metrics: where request latency is recorded, if anywhere.
         console: the operator console answering under ``/console`` (404 there without
             one; see :mod:`projections.console`).
+        operator: the operator token's check (the console's ``gate``); with it the
+            decision routes answer, without it they do not exist (404).
 
     """
 
@@ -311,7 +617,7 @@ def create_app(
         started = time.perf_counter()
         route = "other"
         try:
-            response, route = await _answer(store, request)
+            response, route = await _answer(store, request, operator)
         except StoreUnavailable:
             response = _error(503, "store_unavailable")
         except Exception as exc:

@@ -1,12 +1,13 @@
-"""``canon serve``: the read-only receipt HTTP API, optionally with the workers.
+"""``canon serve``: the receipt HTTP API, optionally with the workers.
 
-Serves the routes of :data:`projections.http.ROUTES` with uvicorn, each answering only
+Serves the routes of :data:`projections.http.ROUTES` with uvicorn, each GET answering only
 for the run named by the request's Bearer token. With ``--with-workers`` the receipt and
 progress workers run in the same process. SIGTERM or SIGINT stops the server and lets the
 workers settle their batches; the process then exits 0. The listening socket is bound
 before anything else runs, so a port in use is one line and exit 2. With an operator token
-(``CANON_OPERATOR_TOKEN`` or ``--operator-token-file``) it also serves the read-only
-operator console at ``/console/`` (:mod:`canon.operator`).
+(``CANON_OPERATOR_TOKEN`` or ``--operator-token-file``) it also serves the operator
+console at ``/console/`` (:mod:`canon.operator`) and takes an operator's decisions on
+governed calls (the POST routes, under the operator token).
 """
 
 from __future__ import annotations
@@ -49,13 +50,14 @@ def register(subparsers: Any) -> None:
     """Add the ``serve`` subcommand."""
     parser = subparsers.add_parser(
         "serve",
-        help="serve the read-only receipt HTTP API (optionally with the workers)",
-        description="Serve the read-only receipt HTTP API; every answer is for the run "
-        "named by the request's Bearer token (Authorization: Bearer <run token>). Routes: "
+        help="serve the receipt HTTP API and the operator console (optionally the workers)",
+        description="Serve the receipt HTTP API; every GET answers for the run named by the "
+        "request's Bearer token (Authorization: Bearer <run token>). Routes: "
         + "; ".join(ROUTES)
         + ". With --with-workers the receipt and progress workers run in the same process. "
-        "With an operator token ($CANON_OPERATOR_TOKEN or --operator-token-file) it also "
-        "serves the read-only operator console: "
+        "With an operator token ($CANON_OPERATOR_TOKEN or --operator-token-file) the POST "
+        "routes take an operator's decisions on governed calls (Authorization: Bearer "
+        "<operator token>; a run's token is refused) and it serves the operator console: "
         + "; ".join(CONSOLE_ROUTES)
         + ". SIGTERM or SIGINT stops it gracefully (exit 0).",
     )
@@ -126,7 +128,12 @@ async def _serve_on(args: argparse.Namespace, listener: socket.socket) -> None:
             store, args.operator_token, args.host, secure_cookies=args.secure_cookies
         )
         server = ReceiptServer(
-            create_app(store, metrics=metrics, console=console),
+            create_app(
+                store,
+                metrics=metrics,
+                console=console,
+                operator=console.gate if console is not None else None,
+            ),
             host=args.host,
             port=args.port,
             limits=ConnectionLimits(

@@ -79,8 +79,9 @@ async def keep_serving(
     """Print where to look, then serve the console until SIGINT or SIGTERM."""
     where.kept_running = True
     print_look(console, where)
+    operator_console = OperatorConsole(store, OperatorAuth(token[0]))
     server = ReceiptServer(
-        create_app(store, console=OperatorConsole(store, OperatorAuth(token[0])))
+        create_app(store, console=operator_console, operator=operator_console.gate)
     )
     port = int(listener.getsockname()[1])
     url = f"http://{HOST}:{port}/console/"

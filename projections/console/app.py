@@ -14,13 +14,17 @@ past the limit a token is not even checked, the answer is 429 with ``Retry-After
 
 Every change is a POST carrying the CSRF token of the login session (a hidden ``csrf``
 field, compared in constant time): without it, or with a wrong one, 403 and nothing
-changes. Today the only change is logging out. A form that cannot be read (too large, too
-many, repeated, unknown or missing fields, not UTF-8, not
-``application/x-www-form-urlencoded``) is 400 with one ``console_form_refused`` log line
-naming the reason, never what was posted.
+changes. The changes are logging out and an operator's decisions on governed calls: one
+call (from the approvals page or the call's page) or a batch of the calls ticked on the
+approvals page, under one decision id, each recorded as decided by the console's operator
+name. A decision answers 303 back to the page it came from, which then says once what
+happened to each call. A form that cannot be read (too large, too many, repeated, unknown
+or missing fields, not UTF-8, not ``application/x-www-form-urlencoded``) is 400 with one
+``console_form_refused`` log line naming the reason, never what was posted.
 
-Pages only read the store; the harness-only payloads of a call have their own page,
-reached by an explicit link. No page grows with the store (:mod:`.views`), and every text
+Pages (every GET) only read the store; the harness-only payloads of a call have their own
+page, reached by an explicit link, except a waiting call's frozen request, shown masked
+beside the form that decides it. No page grows with the store (:mod:`.views`), and every text
 shown goes through :func:`.views.visible`, so an id's bidi control is shown as an escape.
 Nothing a page shows is logged: a failure is logged by exception type only.
 """
@@ -30,8 +34,9 @@ from __future__ import annotations
 import importlib.resources
 import re
 import secrets
+from collections import OrderedDict
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode
+from urllib.parse import parse_qsl, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
@@ -39,13 +44,22 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
+from eventstore.approvals import MAX_REASON_CHARS, new_approval_id
 from eventstore.audit.run_index import RUNS_SHOWN, RunFilter
-from eventstore.errors import InvalidArgument, StoreUnavailable
+from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from machine.ids import is_invocation_id, is_run_id
 from projections.console import views
-from projections.console.auth import LoginThrottle, OperatorAuth, client_key, could_be_token
+from projections.console.auth import MAX_SESSIONS, LoginThrottle, OperatorAuth, OperatorGate
 from projections.console.timeline import LEGEND, duration_text
+from projections.decisions import (
+    MAX_BATCH_CALLS,
+    CallDecision,
+    checked_by,
+    checked_reason,
+    decide_invocation,
+    notice,
+)
 from projections.http import CONSOLE_PREFIX, bearer_token
 from projections.receipts.builder import iso_ms
 
@@ -60,17 +74,22 @@ CONSOLE_ROUTES: Final = (
     "POST /console/logout",
     "GET /console/search",
     "GET /console/approvals",
+    "POST /console/approvals",
     "GET /console/live.js",
     "GET /console/runs/<run id>",
     "GET /console/runs/<run id>/invocations/<invocation id>",
+    "POST /console/runs/<run id>/invocations/<invocation id>/approval",
     "GET /console/runs/<run id>/invocations/<invocation id>/payloads",
 )
+#: Who the console's decisions are recorded as decided by, unless it is told a name.
+DEFAULT_OPERATOR_NAME: Final = "console operator"
 #: Every console's cookie name starts so; the rest is chosen when the console starts.
 COOKIE_PREFIX: Final = "canon_console_"
 #: The runs page; also the cookie's path: the console's pages, nothing else the host serves.
 CONSOLE_HOME: Final = CONSOLE_PREFIX + "/"
 _RUN: Final = re.compile(r"/console/runs/([^/]+)")
 _CALL: Final = re.compile(r"/console/runs/([^/]+)/invocations/([^/]+)(/payloads)?")
+_DECIDE: Final = re.compile(r"/console/runs/([^/]+)/invocations/([^/]+)/approval")
 _PAGE_NUMBER: Final = re.compile(r"[1-9][0-9]{0,5}")
 #: Longest value of a filter or search field (a tool name, a code, an id prefix).
 _MAX_QUERY_VALUE: Final = 200
@@ -81,6 +100,11 @@ _LIVE_SCRIPT: Final = (
 _FORM_TYPE: Final = "application/x-www-form-urlencoded"
 _MAX_FORM_BYTES: Final = 4096
 _MAX_FORM_FIELDS: Final = 8
+# A decision's reason may be 1,000 characters, each up to 9 bytes percent-encoded, and a
+# batch lists up to 100 calls of about 200 bytes each: bounded, but more than a login.
+_MAX_DECISION_FORM_BYTES: Final = 32 * 1024
+_DECISION_FIELDS: Final = frozenset({"csrf", "decision", "reason", "next"})
+_BATCH_FIELDS: Final = frozenset({"csrf", "decision", "reason", "call"})
 _HEADERS: Final = {
     # No frame, no outside resource, no inline script: the pages are HTML and inline SVG,
     # and the one script is the console's own file, which only fetches console pages.
@@ -123,6 +147,8 @@ def _environment() -> Environment:
     env.globals["legend"] = LEGEND
     env.globals["events_shown"] = views.EVENTS_SHOWN
     env.globals["detail_shown_chars"] = views.DETAIL_SHOWN_CHARS
+    env.globals["max_reason_chars"] = MAX_REASON_CHARS
+    env.globals["max_batch_calls"] = MAX_BATCH_CALLS
     return env
 
 
@@ -192,13 +218,34 @@ async def read_form(request: Request, allowed: frozenset[str]) -> dict[str, str]
             ``=``, a field twice or a field not allowed.
 
     """
+    form = await read_form_values(request, allowed)
+    return {name: values[0] for name, values in form.items()}
+
+
+async def read_form_values(
+    request: Request,
+    allowed: frozenset[str],
+    *,
+    repeated: frozenset[str] = frozenset(),
+    max_bytes: int = _MAX_FORM_BYTES,
+    max_fields: int = _MAX_FORM_FIELDS,
+) -> dict[str, list[str]]:
+    """Read an urlencoded form: each field's values, in the order posted.
+
+    As :func:`read_form`, with ``max_bytes`` and ``max_fields`` for its limits, and the
+    fields of ``repeated`` (a form's checkboxes) allowed more than once.
+
+    Raises:
+        FormRefused: as :func:`read_form` says.
+
+    """
     length = request.headers.get("content-length", "")
-    if length.isdigit() and int(length) > _MAX_FORM_BYTES:
+    if length.isdigit() and int(length) > max_bytes:
         raise FormRefused("too_large")
     body = bytearray()
     async for chunk in request.stream():
         body += chunk
-        if len(body) > _MAX_FORM_BYTES:
+        if len(body) > max_bytes:
             raise FormRefused("too_large")
     if not body:
         return {}
@@ -209,7 +256,7 @@ async def read_form(request: Request, allowed: frozenset[str]) -> dict[str, str]
         text = body.decode("utf-8")
     except UnicodeDecodeError:
         raise FormRefused("encoding") from None
-    if text.count("&") >= _MAX_FORM_FIELDS:
+    if text.count("&") >= max_fields:
         raise FormRefused("too_many_fields")
     try:
         pairs = parse_qsl(
@@ -217,20 +264,32 @@ async def read_form(request: Request, allowed: frozenset[str]) -> dict[str, str]
             keep_blank_values=True,
             strict_parsing=True,
             errors="strict",
-            max_num_fields=_MAX_FORM_FIELDS,
+            max_num_fields=max_fields,
         )
     except UnicodeDecodeError:
         raise FormRefused("encoding") from None
     except ValueError:
         raise FormRefused("malformed") from None
-    form: dict[str, str] = {}
+    form: dict[str, list[str]] = {}
     for name, value in pairs:
-        if name in form:
-            raise FormRefused("repeated_field")
         if name not in allowed:
             raise FormRefused("unknown_field")
-        form[name] = value
+        if name in form and name not in repeated:
+            raise FormRefused("repeated_field")
+        form.setdefault(name, []).append(value)
     return form
+
+
+def _one(form: dict[str, list[str]], name: str) -> str | None:
+    """The one value of a form's field, or None without one."""
+    values = form.get(name)
+    return values[0] if values else None
+
+
+_REASON_NEEDED: Final = (
+    f"Nothing was decided: a decision needs a reason, one line of 1 to {MAX_REASON_CHARS} "
+    "printable characters."
+)
 
 
 def _client(request: Request) -> str:
@@ -249,6 +308,7 @@ class Console:
         secure_cookie: bool = False,
         cookie_name: str | None = None,
         throttle: LoginThrottle | None = None,
+        operator_name: str = DEFAULT_OPERATOR_NAME,
     ) -> None:
         """Serve ``store`` to whoever holds the token ``auth`` checks.
 
@@ -261,22 +321,59 @@ class Console:
             cookie_name: the login cookie's name (else ``canon_console_`` and a random
                 suffix chosen now).
             throttle: the limit on failed logins (else a new one with the defaults).
+            operator_name: who the console's decisions are recorded as decided by (one
+                token, so one name: every holder of the token decides as it).
+
+        Raises:
+            InvalidArgument: ``operator_name`` is empty, not printable or over 200
+                characters.
 
         """
         self._store = store
         self._auth = auth
         self._secure = secure_cookie
         self.cookie_name = cookie_name or COOKIE_PREFIX + secrets.token_hex(4)
-        self._throttle = throttle or LoginThrottle()
+        #: The operator token's check and its limit on failures; the HTTP API's decision
+        #: routes take the same (``create_app(..., operator=console.gate)``).
+        self.gate = OperatorGate(auth, throttle)
+        self.operator_name = checked_by(operator_name)
+        # What the next page of a session says after a decision it posted: one entry per
+        # session (keyed by its CSRF token), taken by the page it was sent back to.
+        self._notices: OrderedDict[str, tuple[str, list[str]]] = OrderedDict()
         self._env = _environment()
+        self._env.globals["operator_name"] = self.operator_name
 
     def _cookie(self, request: Request) -> str | None:
         return request.cookies.get(self.cookie_name)
 
     def _page(self, request: Request, template: str, code: int = 200, **context: Any) -> Response:
         csrf = self._auth.csrf_token(self._cookie(request))
-        html = self._env.get_template(template).render(csrf=csrf, **context)
+        notices = self._take_notices(csrf, request.scope["path"])
+        html = self._env.get_template(template).render(csrf=csrf, notices=notices, **context)
         return HTMLResponse(html, status_code=code, headers=_HEADERS)
+
+    def _take_notices(self, csrf: str | None, path: str) -> list[str]:
+        """What the session was told to say on ``path`` (once), or nothing."""
+        told = self._notices.get(csrf) if csrf is not None else None
+        if csrf is None or told is None or told[0] != path:
+            return []
+        del self._notices[csrf]
+        return told[1]
+
+    def _tell(self, request: Request, path: str, notices: list[str]) -> None:
+        """Keep what the session's next visit to ``path`` says (the page a POST goes back to)."""
+        csrf = self._auth.csrf_token(self._cookie(request))
+        if csrf is None:
+            return
+        self._notices.pop(csrf, None)
+        self._notices[csrf] = (path, notices)
+        while len(self._notices) > MAX_SESSIONS:
+            self._notices.popitem(last=False)
+
+    def _back(self, request: Request, to: str, notices: list[str]) -> Response:
+        """303 to the console page ``to``, which then says ``notices`` once."""
+        self._tell(request, urlsplit(to).path, notices)
+        return RedirectResponse(to, status_code=303, headers=_HEADERS)
 
     def _login(
         self, request: Request, status: int, next_path: str, error: str | None = None
@@ -298,13 +395,6 @@ class Console:
         response.headers["Retry-After"] = str(wait_s)
         return response
 
-    def _failed(self, client: str) -> None:
-        """Count a failed token check; log once each time it leaves the client limited."""
-        self._throttle.failed(client)
-        wait_s = self._throttle.retry_after_s(client)
-        if wait_s:
-            log.warning("console_logins_limited", client=client_key(client), retry_after_s=wait_s)
-
     def _refused(self, request: Request, refused: FormRefused) -> Response:
         log.warning("console_form_refused", reason=refused.reason, route=request.scope["path"])
         return self._error(request, 400, "That form could not be read: use the console's own.")
@@ -317,15 +407,13 @@ class Console:
             if self._auth.check_session(self._cookie(request)):
                 return None
             return self._login(request, 401, _next_path(path))
-        # A value too short to be the token is no guess at it: refused, never counted.
-        if could_be_token(token):
-            client = _client(request)
-            wait_s = self._throttle.retry_after_s(client)
-            if wait_s:
-                return self._throttled(request, wait_s)
-            if self._auth.check_token(token):
-                return None
-            self._failed(client)
+        client = _client(request)
+        accepted, wait_s = self.gate.check(token, client)
+        if wait_s:
+            return self._throttled(request, wait_s)
+        if accepted:
+            return None
+        self.gate.failed(client, token)  # a value too short to be the token is not counted
         return self._login(request, 401, _next_path(path))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -355,7 +443,7 @@ class Console:
 
     async def _log_in(self, request: Request) -> Response:
         client = _client(request)
-        wait_s = self._throttle.retry_after_s(client)
+        wait_s = self.gate.retry_after_s(client)
         if wait_s:
             return self._throttled(request, wait_s, CONSOLE_HOME)
         try:
@@ -367,8 +455,7 @@ class Console:
         next_path = _next_path(form.get("next"))
         token = form["token"]
         if not self._auth.check_token(token):
-            if could_be_token(token):
-                self._failed(client)
+            self.gate.failed(client, token)
             return self._login(request, 401, next_path, "That is not the operator token.")
         response = RedirectResponse(next_path, status_code=303, headers=_HEADERS)
         session = self._auth.start_session()
@@ -414,6 +501,108 @@ class Console:
         log.warning("payloads_revealed", run_id=run_id, invocation_id=inv_id)
         return self._page(request, "payloads.html", run_id=run_id, call=found[0], payloads=found[1])
 
+    async def _decision_form(
+        self, request: Request, allowed: frozenset[str], route: str
+    ) -> tuple[dict[str, list[str]], bool, str | None] | Response:
+        """A decision form read and its CSRF token checked, else the refusal to answer.
+
+        Its fields, whether it approves, and its reason (None when it is not one a decision
+        can keep: the page then says so and nothing is decided).
+        """
+        try:
+            form = await read_form_values(
+                request,
+                allowed,
+                repeated=frozenset({"call"}),
+                max_bytes=_MAX_DECISION_FORM_BYTES,
+                # A batch's calls are one field each; every other field comes once.
+                max_fields=len(allowed) - 1 + MAX_BATCH_CALLS
+                if "call" in allowed
+                else len(allowed),
+            )
+            if not self._auth.check_csrf(self._cookie(request), _one(form, "csrf")):
+                log.warning("console_change_refused", reason="csrf", route=route)
+                return self._error(
+                    request, 403, "Refused: a decision needs your login session's form token."
+                )
+            decision = _one(form, "decision")
+            if decision not in ("approve", "deny"):
+                # The page's own buttons always send one: this form is not the console's.
+                raise FormRefused("missing_field")
+        except FormRefused as refused:
+            return self._refused(request, refused)
+        try:
+            reason: str | None = checked_reason(_one(form, "reason") or "")
+        except InvalidArgument:
+            reason = None
+        return form, decision == "approve", reason
+
+    async def _decide(
+        self, request: Request, calls: list[tuple[str, str]], approve: bool, reason: str
+    ) -> list[CallDecision] | Response:
+        """Decide ``calls`` (run and invocation ids) as one decision: one decision id."""
+        decision_id = new_approval_id()
+        try:
+            return [
+                await decide_invocation(
+                    self._store,
+                    run_id,
+                    inv_id,
+                    approve=approve,
+                    by=self.operator_name,
+                    reason=reason,
+                    decision_id=decision_id,
+                    door="console",
+                )
+                for run_id, inv_id in calls
+            ]
+        except AccessDenied:
+            return self._error(
+                request,
+                503,
+                "The console's Redis user may only read: decisions need a user that writes.",
+            )
+
+    async def _decide_one(self, request: Request, run_id: str, inv_id: str) -> Response:
+        """Approve or deny one waiting call, then go back to the page the form was on."""
+        read = await self._decision_form(request, _DECISION_FIELDS, "approval")
+        if isinstance(read, Response):
+            return read
+        form, approve, reason = read
+        if not (is_run_id(run_id) and is_invocation_id(inv_id)):
+            return self._error(request, 404, "No such invocation.")
+        back = _next_path(
+            _one(form, "next") or f"{CONSOLE_PREFIX}/runs/{run_id}/invocations/{inv_id}"
+        )
+        if reason is None:
+            return self._back(request, back, [_REASON_NEEDED])
+        decided = await self._decide(request, [(run_id, inv_id)], approve, reason)
+        if isinstance(decided, Response):
+            return decided
+        return self._back(request, back, [notice(decided[0], approve)])
+
+    async def _decide_batch(self, request: Request) -> Response:
+        """One decision for every call ticked on the approvals page, and only those."""
+        read = await self._decision_form(request, _BATCH_FIELDS, "approvals")
+        if isinstance(read, Response):
+            return read
+        form, approve, reason = read
+        calls: list[tuple[str, str]] = []
+        for value in form.get("call", []):
+            run_id, _, inv_id = value.partition("/")
+            if not (is_run_id(run_id) and is_invocation_id(inv_id)) or (run_id, inv_id) in calls:
+                return self._refused(request, FormRefused("malformed"))
+            calls.append((run_id, inv_id))
+        back = "/console/approvals"
+        if not calls:
+            return self._back(request, back, ["No call was ticked: nothing was decided."])
+        if reason is None:
+            return self._back(request, back, [_REASON_NEEDED])
+        decided = await self._decide(request, calls, approve, reason)
+        if isinstance(decided, Response):
+            return decided
+        return self._back(request, back, [notice(result, approve) for result in decided])
+
     async def _answer(self, request: Request) -> Response:
         path: str = request.scope["path"]
         method = request.method
@@ -436,8 +625,18 @@ class Console:
             return response
         if method == "POST" and (reveal := _CALL.fullmatch(path)) and reveal.group(3):
             return await self._reveal(request, reveal.group(1), reveal.group(2))
+        if (decide := _DECIDE.fullmatch(path)) is not None:
+            if method == "POST":
+                return await self._decide_one(request, decide.group(1), decide.group(2))
+            response = self._error(request, 405, "Decide with the page's form (a POST).")
+            response.headers["Allow"] = "POST"
+            return response
+        if method == "POST" and path == "/console/approvals":
+            return await self._decide_batch(request)
         if method != "GET":
-            return self._error(request, 405, "Method not allowed: the console only reads.")
+            return self._error(
+                request, 405, "Method not allowed: the console's only changes are its forms."
+            )
         if path == CONSOLE_HOME:
             return await self._runs(request)
         if path == "/console/search":
@@ -445,8 +644,8 @@ class Console:
         if path == "/console/approvals":
             if request.query_params:
                 return self._error(request, 400, "This page takes no query parameters.")
-            waiting = await views.approvals_page(self._store)
-            return self._page(request, "approvals.html", waiting=waiting)
+            view = await views.approvals_page(self._store)
+            return self._page(request, "approvals.html", view=view)
         if _RUN.fullmatch(path) is None and request.query_params:
             return self._error(request, 400, "This page takes no query parameters.")
         if path == "/console/live.js":

@@ -11,6 +11,8 @@ carries and which is compared in constant time.
 :class:`LoginThrottle` counts failed token checks (the login form and Bearer headers
 alike) in two token buckets, one per client address and one for all clients: an empty
 bucket refuses every token check, right or wrong, until it refills, and says when.
+:class:`OperatorGate` puts the token and that limit together for everyone who takes the
+operator token: the console's pages and the HTTP API's decision routes share one allowance.
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ from collections.abc import Callable
 from typing import Final
 
 from eventstore.errors import InvalidArgument
+from eventstore.logs import get_logger
+
+log = get_logger("canon.console")
 
 #: How long a login lasts.
 SESSION_TTL_S: Final = 12 * 3600.0
@@ -243,3 +248,50 @@ class LoginThrottle:
         self._clients[key] = bucket
         while len(self._clients) > MAX_CLIENTS:
             self._clients.popitem(last=False)
+
+
+class OperatorGate:
+    """The operator token's check and its limit on failures, shared by all who take it.
+
+    The console (its login form and Bearer headers) and the HTTP API's decision routes
+    check the same token against the same :class:`LoginThrottle`: a guess at one uses up
+    the allowance of the other, so a second door gives an attacker no second allowance.
+    """
+
+    def __init__(self, auth: OperatorAuth, throttle: LoginThrottle | None = None) -> None:
+        """Check tokens with ``auth``, limiting failures with ``throttle`` (else a new one)."""
+        self.auth = auth
+        self.throttle = throttle or LoginThrottle()
+
+    def __repr__(self) -> str:
+        return f"OperatorGate({self.throttle!r})"
+
+    def retry_after_s(self, client: str) -> int:
+        """Whole seconds until ``client`` may try a token again; 0 when it may now."""
+        return self.throttle.retry_after_s(client)
+
+    def check(self, token: str, client: str) -> tuple[bool, int]:
+        """Whether ``client``'s ``token`` is the operator token, and the seconds to wait.
+
+        The seconds are those the client must wait before trying a token (0: none): a client
+        past its limit gets ``(False, seconds)`` without its token being looked at. A wrong
+        token is not counted here: the caller decides whether it was a guess
+        (:meth:`failed`); a run's own token sent to an operator route is none.
+        """
+        if could_be_token(token):
+            wait_s = self.throttle.retry_after_s(client)
+            if wait_s:
+                return False, wait_s
+        return self.auth.check_token(token), 0
+
+    def failed(self, client: str, token: str) -> None:
+        """Count a wrong ``token`` from ``client``; log each time it leaves the client limited.
+
+        A value too short to be the token is no guess at it: it is not counted.
+        """
+        if not could_be_token(token):
+            return
+        self.throttle.failed(client)
+        wait_s = self.throttle.retry_after_s(client)
+        if wait_s:
+            log.warning("console_logins_limited", client=client_key(client), retry_after_s=wait_s)

@@ -2,7 +2,9 @@
 
 The invocation page reads the record's ``failure_detail`` field (compact JSON: type,
 message, traceback, cut_bytes) when the store kept one; the payloads (request, raw
-response, agent result) are read only for the page that shows them on request.
+response, agent result) are read only for the page that shows them on request, except the
+frozen request of a governed call waiting for a decision, which the approvals page and the
+call's page show (masked like the payloads page) beside the form that decides it.
 
 No page grows with what is stored: a run page draws the whole run as a fixed number of
 columns, lists its first failed calls, and shows :data:`CALLS_PER_PAGE` calls (table and
@@ -15,12 +17,13 @@ instead of reordering the page.
 
 from __future__ import annotations
 
+import asyncio
 from typing import Any, Final, cast
 from urllib.parse import urlencode
 
 import msgspec
 
-from eventstore.approvals import WaitingCalls, pending_approvals
+from eventstore.approvals import pending_approvals
 from eventstore.audit import replay_invocation
 from eventstore.audit.replay import InvocationReplay
 from eventstore.audit.run_calls import CallRow, run_calls
@@ -37,6 +40,7 @@ from eventstore.errors import CanonError, redis_errors
 from eventstore.runs import Refusal, RunInfo
 from eventstore.store import Store
 from eventstore.writer import now_ms
+from machine.codes import Stage
 from machine.scrub import FILTERED, Scrub
 from projections.console.timeline import Overview, Timeline, layout, overview
 from projections.http import receipt_answer
@@ -56,6 +60,8 @@ PROBLEMS_SHOWN: Final = 20
 CALL_STATUSES: Final = ("ERROR", "PROJECTING", "READY")
 #: Bytes of each payload the payloads page shows; the rest is in ``canon export``.
 PAYLOAD_SHOWN_BYTES: Final = 64 * 1024
+#: Bytes of each frozen request the approvals page shows (the call's own page shows more).
+WAITING_REQUEST_SHOWN_BYTES: Final = 4 * 1024
 #: Characters of each failure detail text (message, traceback) the call's page shows.
 DETAIL_SHOWN_CHARS: Final = 32 * 1024
 #: Events of one call its page lists (a journal holds a handful; a damaged one may not).
@@ -173,6 +179,22 @@ class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
     shown_cut: dict[str, int] = msgspec.field(default_factory=dict)
 
 
+class Payload(msgspec.Struct, frozen=True, kw_only=True):
+    """One harness-only payload as shown: its name, size and text (None: not stored).
+
+    ``shown_bytes`` is how much of it the text holds when it was cut; ``masked`` how many
+    values that look like secrets the text shows as ``[Filtered]`` (0 once revealed).
+    """
+
+    name: str
+    size: int | None
+    text: str | None
+    shown_bytes: int | None = None
+    masked: int = 0
+    #: Its size with its unit and the store's limit for it.
+    size_shown: str = ""
+
+
 class InvocationView(msgspec.Struct, frozen=True, kw_only=True):
     """The invocation page: its row, replay (events and verdict), receipt, failure detail.
 
@@ -193,22 +215,8 @@ class InvocationView(msgspec.Struct, frozen=True, kw_only=True):
     previous: CallRow | None
     following: CallRow | None
     sizes: list[tuple[str, str]]
-
-
-class Payload(msgspec.Struct, frozen=True, kw_only=True):
-    """One harness-only payload as shown: its name, size and text (None: not stored).
-
-    ``shown_bytes`` is how much of it the text holds when it was cut; ``masked`` how many
-    values that look like secrets the text shows as ``[Filtered]`` (0 once revealed).
-    """
-
-    name: str
-    size: int | None
-    text: str | None
-    shown_bytes: int | None = None
-    masked: int = 0
-    #: Its size with its unit and the store's limit for it.
-    size_shown: str = ""
+    #: The frozen request of a governed call waiting for a decision, masked (else None).
+    waiting_request: Payload | None = None
 
 
 async def runs_page(
@@ -218,9 +226,62 @@ async def runs_page(
     return await list_runs(store, limit=limit, cursor=cursor, where=where)
 
 
-async def approvals_page(store: Store) -> WaitingCalls:
-    """The approvals page: governed calls waiting for a decision, oldest first."""
-    return await pending_approvals(store)
+class WaitingCallView(msgspec.Struct, frozen=True, kw_only=True):
+    """A governed call waiting for a decision, as the approvals page lists it."""
+
+    run_id: str
+    call: CallRow
+    #: Its frozen request, masked, its first :data:`WAITING_REQUEST_SHOWN_BYTES` shown.
+    request: Payload
+
+
+class ApprovalsView(msgspec.Struct, frozen=True, kw_only=True):
+    """The approvals page: the calls waiting across the latest runs, oldest first.
+
+    ``runs_examined`` is how many runs were read; ``complete`` whether every waiting call
+    of those runs is listed.
+    """
+
+    calls: list[WaitingCallView]
+    runs_examined: int
+    complete: bool
+
+
+async def _frozen_request(
+    store: Store, run_id: str, tool_call_id: str, shown_bytes: int
+) -> Payload:
+    """The request of a waiting call as shown: masked with the store's scrubber, cut."""
+    fields = await store.reader.select(run_id, tool_call_id, ("request",))
+    return _payload(
+        "request",
+        fields.get("request"),
+        store.settings.limits.request_bytes,
+        store.settings.scrub,
+        shown_bytes,
+    )
+
+
+async def approvals_page(store: Store) -> ApprovalsView:
+    """The approvals page: governed calls waiting for a decision, oldest first.
+
+    Each call's frozen request is read (one HMGET of that field; each is bounded by the
+    store's request limit, and at most 100 calls are listed) and shown masked and cut.
+    """
+    waiting = await pending_approvals(store)
+    requests = await asyncio.gather(
+        *(
+            _frozen_request(store, item.run_id, item.call.tool_call_id, WAITING_REQUEST_SHOWN_BYTES)
+            for item in waiting.calls
+        )
+    )
+    return ApprovalsView(
+        calls=[
+            WaitingCallView(run_id=item.run_id, call=item.call, request=request)
+            for item, request in zip(waiting.calls, requests, strict=True)
+        ],
+        runs_examined=waiting.runs_examined,
+        complete=waiting.complete,
+    )
 
 
 async def calls_found(store: Store, tool: str | None, code: str | None) -> CallSearch:
@@ -388,14 +449,25 @@ async def invocation_page(store: Store, run_id: str, invocation_id: str) -> Invo
         previous=calls[index - 1] if index > 0 else None,
         following=calls[index + 1] if index + 1 < len(calls) else None,
         sizes=sizes,
+        waiting_request=(
+            await _frozen_request(store, run_id, call.tool_call_id, PAYLOAD_SHOWN_BYTES)
+            if call.stage == Stage.AWAITING_APPROVAL.value
+            else None
+        ),
     )
 
 
-def _payload(name: str, data: bytes | None, limit: int, scrub: Scrub | None) -> Payload:
+def _payload(
+    name: str,
+    data: bytes | None,
+    limit: int,
+    scrub: Scrub | None,
+    shown_bytes: int = PAYLOAD_SHOWN_BYTES,
+) -> Payload:
     if data is None:
         return Payload(name=name, size=None, text=None)
     # Cut at a byte count; a character split there shows as one replacement character.
-    shown = data[:PAYLOAD_SHOWN_BYTES]
+    shown = data[:shown_bytes]
     text = shown.decode("utf-8", "replace")
     masked = 0
     if scrub is not None:

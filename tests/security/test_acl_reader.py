@@ -15,9 +15,14 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import Store
+from eventstore.approvals import new_approval_id
 from eventstore.errors import AccessDenied
 from eventstore.server.embedded import EmbeddedRedis
+from eventstore.writer import now_ms
+from machine.codes import Stage
 from machine.ids import invocation_id
+from projections import create_app
+from projections.console import Console, OperatorAuth
 from tests.integration.test_http_serve import free_port, spawn, until  # noqa: F401 (fixture)
 from tests.security.test_acl import (  # noqa: F401 (fixtures)
     admin,
@@ -27,6 +32,7 @@ from tests.security.test_acl import (  # noqa: F401 (fixtures)
     write_calls,
 )
 from tests.support.calls import RUN
+from tests.support.console_run import OPERATOR_TOKEN
 
 READER = "canon-reader"
 
@@ -155,3 +161,39 @@ async def test_an_acl_denial_is_named_as_one(
     assert code == 2
     assert "NOPERM" in stderr and "docs/acl.md" in stderr, stderr
     assert "unavailable" not in stderr
+
+
+async def test_a_decision_served_as_the_reader_is_named_an_acl_denial(
+    server: EmbeddedRedis,  # noqa: F811
+    admin: Redis,  # noqa: F811
+) -> None:
+    """Served as the reader (``canon serve`` without workers, as docs/acl.md suggests), an
+    operator's decision over HTTP is 503 ``store_access_denied``, saying a writer is
+    needed, never "unavailable"; the call still waits."""
+    _, _, writer = await write_calls(server)
+    await writer.writer.request_approval(
+        RUN,
+        "pay-1",
+        "refund",
+        b'{"amount":5}',
+        approval_id=new_approval_id(),
+        approval_expires_at_ms=now_ms() + 600_000,
+    )
+    reader = Store.from_url(url_of(server, READER), shards=4, read_only=True)
+    try:
+        console = Console(reader, OperatorAuth(OPERATOR_TOKEN))
+        app = create_app(reader, console=console, operator=console.gate)
+        transport = httpx.ASGITransport(app=app)
+        async with httpx.AsyncClient(transport=transport, base_url="http://canon") as http:
+            answer = await http.post(
+                f"/v1/runs/{RUN}/invocations/{invocation_id(RUN, 'pay-1')}/approval",
+                json={"decision": "approve", "reason": "checked", "by": "ana"},
+                headers={"Authorization": f"Bearer {OPERATOR_TOKEN}"},
+            )
+        assert answer.status_code == 503, answer.text
+        assert answer.json()["error"] == "store_access_denied"
+        record = await writer.reader.get(RUN, "pay-1")
+        assert record is not None and record.state.stage is Stage.AWAITING_APPROVAL
+    finally:
+        await reader.aclose()
+        await writer.aclose()

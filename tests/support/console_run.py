@@ -87,10 +87,12 @@ async def serving(
     store: Store, *, console: bool = True, app: Console | None = None
 ) -> AsyncIterator[str]:
     """Serve the store's API with the console (``app``, else one for OPERATOR_TOKEN; none
-    when ``console`` is false); yields the base URL."""
+    when ``console`` is false) and, as ``canon serve`` does, the decision routes under the
+    console's operator token; yields the base URL."""
     if app is None and console:
         app = Console(store, OperatorAuth(OPERATOR_TOKEN))
-    server = ReceiptServer(create_app(store, console=app))
+    gate = app.gate if app is not None else None
+    server = ReceiptServer(create_app(store, console=app, operator=gate))
     task = asyncio.create_task(server.serve())
     try:
         while not server.started:
