@@ -12,7 +12,7 @@ import asyncio
 from collections.abc import Mapping
 from datetime import datetime, timedelta
 from types import TracebackType
-from typing import TYPE_CHECKING, Self, Unpack, cast
+from typing import Self, Unpack, cast
 
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
@@ -21,6 +21,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from eventstore.decisions import Decision, Decisions
 from eventstore.errors import InvalidArgument, NamespaceMismatch, WrongEventLoop, redis_errors
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
 from eventstore.runs import OpenedRun, Refusal, RunInfo, RunRegistry
@@ -45,9 +46,6 @@ from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_repli
 from eventstore.wire.scripts import Scripts
 from eventstore.writer import Writer, now_ms
 from machine.ids import is_run_id
-
-if TYPE_CHECKING:
-    from eventstore.approvals import Decision, WaitingCalls
 
 __all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
 
@@ -153,6 +151,8 @@ class Store:
         )
         self._reader = Reader(self.client, keys)
         self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)
+        #: Operators' decisions and runs' pause switches (:mod:`eventstore.decisions`).
+        self.decisions = Decisions(self._reader, self.writer, self.runs)
 
     @classmethod
     def from_url(
@@ -391,7 +391,7 @@ class Store:
         """Approve or deny a governed call waiting for a decision; the first one wins.
 
         For a harness that authenticates its own operators: ``by`` is whom it
-        authenticated. See :func:`eventstore.approvals.decide`.
+        authenticated. See :meth:`eventstore.decisions.Decisions.decide`.
 
         Raises:
             InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long.
@@ -400,10 +400,7 @@ class Store:
 
         """
         self.check_loop()
-        from eventstore import approvals  # written against Store: imported when used
-
-        return await approvals.decide(
-            self,
+        return await self.decisions.decide(
             run_id,
             tool_call_id,
             approve=approve,
@@ -412,34 +409,25 @@ class Store:
             decision_id=decision_id,
         )
 
-    async def pending_approvals(self, *, runs: int = 200, limit: int = 100) -> WaitingCalls:
-        """The governed calls waiting for a decision, oldest first, from the run index.
-
-        See :func:`eventstore.approvals.pending_approvals` (never a SCAN).
-        """
-        self.check_loop()
-        from eventstore import approvals
-
-        return await approvals.pending_approvals(self, runs=runs, limit=limit)
-
     async def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
         """Pause one run: none of its calls is recorded or dispatched until unpaused.
 
         Beside the namespace's pause (:meth:`set_paused`); decisions, receipts, replay and
         the console keep working. Who, when and why are kept on the run. False when the
         run is unknown or expired.
+
+        Raises:
+            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long.
+            StoreUnavailable: Redis failed or timed out.
+
         """
         self.check_loop()
-        from eventstore import approvals
-
-        return await approvals.pause_run(self, run_id, by=by, reason=reason)
+        return await self.decisions.set_run_paused(run_id, True, by=by, reason=reason)
 
     async def unpause_run(self, run_id: str, *, by: str, reason: str) -> bool:
         """Lift one run's pause (who, when and why are kept). False when the run is unknown."""
         self.check_loop()
-        from eventstore import approvals
-
-        return await approvals.unpause_run(self, run_id, by=by, reason=reason)
+        return await self.decisions.set_run_paused(run_id, False, by=by, reason=reason)
 
     async def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None when absent, expired or the ids are unsafe.

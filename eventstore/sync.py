@@ -34,10 +34,11 @@ from typing import Any, Final, Self, TypeVar
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from eventstore.approvals import Decision, WaitingCalls
+from eventstore.approvals import WaitingCalls, pending_approvals
 from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
 from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
 from eventstore.boundary.tool_threads import DEFAULT_EXECUTOR_THREADS, shutdown_within
+from eventstore.decisions import Decision
 from eventstore.errors import InvalidArgument, StoreClosed, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.runs import OpenedRun, Refusal, RunInfo
@@ -436,8 +437,11 @@ class SyncStore:
         )
 
     def pending_approvals(self, *, runs: int = 200, limit: int = 100) -> WaitingCalls:
-        """The governed calls waiting for a decision; see Store.pending_approvals."""
-        return self.call(self._store.pending_approvals(runs=runs, limit=limit))
+        """The governed calls waiting for a decision, oldest first (never a SCAN).
+
+        See :func:`eventstore.approvals.pending_approvals`.
+        """
+        return self.call(pending_approvals(self._store, runs=runs, limit=limit))
 
     def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
         """Pause one run; see Store.pause_run."""

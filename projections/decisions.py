@@ -1,6 +1,6 @@
 """Operators' decisions as the HTTP API and the console take them: one call, or a batch.
 
-Both doors end in :func:`eventstore.approvals.decide` (the first decision wins); this
+Both doors end in :meth:`eventstore.store.Store.decide` (the first decision wins); this
 module names the calls, keeps a batch to exactly the calls listed, under one decision id,
 and says for each call what happened in terms both doors show: decided now, already
 decided (what, by whom), not awaiting a decision, or no such call. Each decision made is
@@ -13,13 +13,12 @@ from typing import Final, Literal
 
 import msgspec
 
-from eventstore.approvals import (
+from eventstore.decisions import (
     MAX_APPROVER_CHARS,
     MAX_REASON_CHARS,
     Decision,
     NotAwaitingApproval,
     checked_text,
-    decide,
 )
 from eventstore.logs import get_logger
 from eventstore.store import Store
@@ -99,8 +98,7 @@ async def decide_call(
     """
     inv_id = invocation_id(run_id, tool_call_id)
     try:
-        decision = await decide(
-            store,
+        decision = await store.decide(
             run_id,
             tool_call_id,
             approve=approve,

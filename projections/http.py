@@ -37,7 +37,7 @@ import json
 import re
 import time
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final
+from typing import Any, Final, Protocol
 
 import msgspec
 from starlette.applications import Starlette
@@ -46,9 +46,9 @@ from starlette.requests import Request
 from starlette.responses import Response
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from eventstore.approvals import MAX_APPROVER_CHARS, MAX_REASON_CHARS, new_approval_id
 from eventstore.audit.run_calls import run_calls
 from eventstore.boundary.contracts import RunContext
+from eventstore.decisions import MAX_APPROVER_CHARS, MAX_REASON_CHARS, new_approval_id
 from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from eventstore.runs import RunInfo
@@ -73,8 +73,19 @@ from projections.receipts.inspection import (
     inspect_invocation,
 )
 
-if TYPE_CHECKING:  # the console's package imports this module: no import cycle at runtime
-    from projections.console.auth import OperatorGate
+
+class OperatorGate(Protocol):
+    """The operator token's check the decision routes need (the console's ``gate``).
+
+    A protocol, so this module does not import the console's package (which imports it).
+    """
+
+    def check(self, token: str, client: str) -> tuple[bool, int]:
+        """Whether ``token`` is the operator token, and the seconds ``client`` must wait."""
+
+    def failed(self, client: str, token: str) -> None:
+        """Count a wrong ``token`` from ``client``."""
+
 
 log = get_logger("canon.http")
 

@@ -27,19 +27,15 @@ from canon.commands.readonly import bad_ids, fail, print_json, run_read_only, st
 from canon.connection import add_connection_args, open_store
 from canon.exitcodes import RET_OK, RET_PROBLEM
 from canon.service import add_logging_args, setup_logging
-from eventstore.approvals import (
+from eventstore.approvals import pending_approvals, sweep_expired
+from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.decisions import (
     MAX_APPROVER_CHARS,
     MAX_REASON_CHARS,
     Decision,
     NotAwaitingApproval,
     checked_text,
-    decide,
-    pause_run,
-    pending_approvals,
-    sweep_expired,
-    unpause_run,
 )
-from eventstore.audit.run_calls import CallRow, run_calls
 from eventstore.errors import InvalidArgument
 from eventstore.store import Store
 from machine.codes import Stage
@@ -91,8 +87,7 @@ def _decide(args: argparse.Namespace) -> int:
 
     async def work() -> Decision:
         async with open_store(args) as store:
-            return await decide(
-                store,
+            return await store.decide(
                 args.run_id,
                 args.tool_call_id,
                 approve=approve,
@@ -118,11 +113,11 @@ def _pause(args: argparse.Namespace) -> int:
     if not args.by:
         fail("no operator name: give --by")
         return RET_PROBLEM
-    switch = pause_run if args.command == "pause" else unpause_run
 
     async def work() -> bool:
         async with open_store(args) as store:
-            return await switch(store, args.run_id, by=args.by, reason=args.reason)
+            switch = store.pause_run if args.command == "pause" else store.unpause_run
+            return await switch(args.run_id, by=args.by, reason=args.reason)
 
     if not asyncio.run(work()):
         fail(f"no run {args.run_id} (unknown or expired)")

@@ -35,7 +35,8 @@ that (a restart from the last checkpoint, a second resume, a fork from an earlie
 checkpoint) gets the recorded outcome, and a dispatch a crash cut short answers
 ALREADY_DISPATCHED: the tool never runs twice. When several calls of one node wait, LangGraph shows
 the first interrupt only (a ``ToolNode`` stops at its first raised interrupt);
-``store.pending_approvals()`` lists them all, and one resume asks canon for each.
+``eventstore.approvals.pending_approvals(store)`` lists them all, and one resume asks
+canon for each.
 
 ``graph.invoke`` runs the node's calls in threads: give a
 :class:`~eventstore.SyncBoundary` (it serves ``graph.ainvoke`` too). An async

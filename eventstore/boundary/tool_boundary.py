@@ -28,7 +28,7 @@ from typing import Any, Final, Literal
 
 import msgspec
 
-from eventstore.approvals import expire, new_approval_id, take_permit
+from eventstore.approvals import take_permit
 from eventstore.boundary.call_stops import (
     CallStop,
     checked_policy,
@@ -58,6 +58,7 @@ from eventstore.boundary.registered_tools import (
 )
 from eventstore.boundary.tool_threads import ToolThreads
 from eventstore.boundary.tracing import InvocationSpan, tracing
+from eventstore.decisions import new_approval_id
 from eventstore.errors import (
     CanonError,
     InvalidArgument,
@@ -528,7 +529,9 @@ class ToolBoundary:
                 due = state.approval_expires_at_ms
                 if state.approval_id is not None and (due is None or now_ms() < due):
                     return self._pending(trace, state.approval_id)
-                expired = await self._bounded(expire(self._store, state.run_id, state.tool_call_id))
+                expired = await self._bounded(
+                    self._store.decisions.expire(state.run_id, state.tool_call_id)
+                )
                 if not expired and again:  # decided meanwhile: go on from the decision
                     fresh = await self._bounded(
                         self._store.reader.get(state.run_id, state.tool_call_id)

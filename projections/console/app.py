@@ -44,8 +44,8 @@ from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
 from starlette.types import Receive, Scope, Send
 
-from eventstore.approvals import MAX_REASON_CHARS, new_approval_id
 from eventstore.audit.run_index import RUNS_SHOWN, RunFilter
+from eventstore.decisions import MAX_REASON_CHARS, new_approval_id
 from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
 from machine.ids import is_invocation_id, is_run_id

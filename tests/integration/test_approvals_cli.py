@@ -13,7 +13,7 @@ from typing import Any
 
 import httpx
 
-from eventstore.approvals import new_approval_id
+from eventstore.decisions import new_approval_id
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import ErrorCode, Stage

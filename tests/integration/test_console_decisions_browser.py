@@ -14,7 +14,7 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from eventstore.approvals import new_approval_id
+from eventstore.decisions import new_approval_id
 from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import ErrorCode, Stage

@@ -12,18 +12,10 @@ from typing import Any
 import msgspec
 import pytest
 
-from eventstore.approvals import (
-    NotAwaitingApproval,
-    decide,
-    expire,
-    new_approval_id,
-    pause_run,
-    pending_approvals,
-    take_permit,
-    unpause_run,
-)
+from eventstore.approvals import pending_approvals, take_permit
 from eventstore.audit import replay_invocation
 from eventstore.audit.run_index import RunFilter, list_runs
+from eventstore.decisions import NotAwaitingApproval, new_approval_id
 from eventstore.errors import InvalidArgument, Refused
 from eventstore.store import Store
 from eventstore.writer import now_ms
@@ -89,7 +81,7 @@ async def test_approval_then_one_permit_then_the_usual_lifecycle(make_store: Any
     Completed: READY with the approver and reason kept; the journal replays intact."""
     store: Store = make_store(shards=2)
     await waiting(store)
-    decision = await decide(store, RUN, "c1", approve=True, by="ops@example", reason="refund ok")
+    decision = await store.decide(RUN, "c1", approve=True, by="ops@example", reason="refund ok")
     assert (decision.outcome, decision.made_now, decision.decided_by) == (
         "approved",
         True,
@@ -125,7 +117,7 @@ async def test_the_first_decision_wins_and_later_ones_are_told_what_was_decided(
     await waiting(store)
     answers = await asyncio.gather(
         *(
-            decide(store, RUN, "c1", approve=n % 2 == 0, by=f"op-{n}", reason="looked at it")
+            store.decide(RUN, "c1", approve=n % 2 == 0, by=f"op-{n}", reason="looked at it")
             for n in range(10)
         )
     )
@@ -143,14 +135,14 @@ async def test_a_denied_call_ends_error_and_gets_no_permit(make_store: Any) -> N
     """Denied: ERROR APPROVAL_DENIED with approver and reason; no permit, ever."""
     store: Store = make_store(shards=2)
     await waiting(store)
-    decision = await decide(store, RUN, "c1", approve=False, by="ops", reason="wrong account")
+    decision = await store.decide(RUN, "c1", approve=False, by="ops", reason="wrong account")
     assert decision.outcome == "denied"
     record = await state(store)
     assert record.state.status is Status.ERROR
     assert record.state.error_code is ErrorCode.APPROVAL_DENIED
     permit = await take_permit(store, record.state, record.expires_at_ms)
     assert permit.head is None and permit.code is ErrorCode.APPROVAL_DENIED
-    later = await decide(store, RUN, "c1", approve=True, by="other", reason="changed my mind")
+    later = await store.decide(RUN, "c1", approve=True, by="other", reason="changed my mind")
     assert (later.outcome, later.made_now, later.decided_by) == ("denied", False, "ops")
 
 
@@ -158,7 +150,7 @@ async def test_many_resumers_one_permit(make_store: Any) -> None:
     """Twenty concurrent permit requests for one approved call: exactly one gets a head."""
     store: Store = make_store(shards=2)
     await waiting(store)
-    await decide(store, RUN, "c1", approve=True, by="ops", reason="ok")
+    await store.decide(RUN, "c1", approve=True, by="ops", reason="ok")
     record = await state(store)
     permits = await asyncio.gather(
         *(take_permit(store, record.state, record.expires_at_ms) for _ in range(20))
@@ -175,18 +167,18 @@ async def test_a_pause_blocks_new_calls_and_permits_and_nothing_else(
     permit is granted. Who paused, when and why are on the run."""
     store: Store = make_store(shards=2)
     await waiting(store)
-    assert await pause_run(store, RUN, by="ops", reason="incident 42")
+    assert await store.pause_run(RUN, by="ops", reason="incident 42")
     info = await store.run_info(RUN)
     assert info is not None and info.paused
     with pytest.raises(Refused) as refused:
         await waiting(store, "c2")
     assert refused.value.code == "RUN_PAUSED"
-    decision = await decide(store, RUN, "c1", approve=True, by="ops", reason="ok")
+    decision = await store.decide(RUN, "c1", approve=True, by="ops", reason="ok")
     assert decision.made_now
     record = await state(store)
     permit = await take_permit(store, record.state, record.expires_at_ms)
     assert (permit.head, permit.stage, permit.code) == (None, Stage.APPROVED, ErrorCode.RUN_PAUSED)
-    assert await unpause_run(store, RUN, by="ops", reason="resolved")
+    assert await store.unpause_run(RUN, by="ops", reason="resolved")
     await store.set_paused(True)
     permit = await take_permit(store, record.state, record.expires_at_ms)
     assert permit.code is ErrorCode.EXECUTION_PAUSED
@@ -196,7 +188,7 @@ async def test_a_pause_blocks_new_calls_and_permits_and_nothing_else(
     fields = await store.client.hgetall(store.keys.run(RUN))
     assert fields[b"paused_by"] == b"ops" and fields[b"paused_reason"] == b"incident 42"
     assert fields[b"unpaused_reason"] == b"resolved" and fields[b"paused"] == b"0"
-    assert not await pause_run(store, "run-nope", by="ops", reason="x")
+    assert not await store.pause_run("run-nope", by="ops", reason="x")
 
 
 async def test_an_expired_approval_is_recorded_and_never_dispatched(make_store: Any) -> None:
@@ -205,10 +197,10 @@ async def test_an_expired_approval_is_recorded_and_never_dispatched(make_store: 
     store: Store = make_store(shards=2)
     await waiting(store, "late", expires_in_ms=150)
     await waiting(store, "approved-late", expires_in_ms=400)
-    await decide(store, RUN, "approved-late", approve=True, by="ops", reason="ok")
+    await store.decide(RUN, "approved-late", approve=True, by="ops", reason="ok")
     due = (await state(store, "approved-late")).state.approval_expires_at_ms
     await wait_for(lambda: now_ms() > due + 20, 5)
-    decision = await decide(store, RUN, "late", approve=True, by="ops", reason="too late")
+    decision = await store.decide(RUN, "late", approve=True, by="ops", reason="too late")
     assert (decision.outcome, decision.made_now) == ("expired", False)
     late = await state(store, "late")
     assert late.state.error_code is ErrorCode.APPROVAL_EXPIRED
@@ -216,7 +208,7 @@ async def test_an_expired_approval_is_recorded_and_never_dispatched(make_store: 
     permit = await take_permit(store, record.state, record.expires_at_ms)
     assert permit.head is None and permit.code is ErrorCode.APPROVAL_EXPIRED
     assert (await state(store, "approved-late")).state.error_code is ErrorCode.APPROVAL_EXPIRED
-    assert not await expire(store, RUN, "late")  # already recorded
+    assert not await store.decisions.expire(RUN, "late")  # already recorded
 
 
 async def test_decisions_need_a_governed_call_and_a_real_approver(make_store: Any) -> None:
@@ -226,12 +218,12 @@ async def test_decisions_need_a_governed_call_and_a_real_approver(make_store: An
     await waiting(store)
     await store.writer.create(RUN, "plain", "search", b"{}")
     with pytest.raises(NotAwaitingApproval):
-        await decide(store, RUN, "nope", approve=True, by="ops", reason="x")
+        await store.decide(RUN, "nope", approve=True, by="ops", reason="x")
     with pytest.raises(NotAwaitingApproval):
-        await decide(store, RUN, "plain", approve=True, by="ops", reason="x")
+        await store.decide(RUN, "plain", approve=True, by="ops", reason="x")
     for by, reason in (("", "x"), ("ops", ""), ("o\x00ps", "x"), ("ops", "r" * 1001)):
         with pytest.raises(InvalidArgument):
-            await decide(store, RUN, "c1", approve=True, by=by, reason=reason)
+            await store.decide(RUN, "c1", approve=True, by=by, reason=reason)
     assert (await state(store)).state.stage is Stage.AWAITING_APPROVAL
 
 
@@ -258,7 +250,7 @@ async def test_receipts_tell_whether_a_governed_call_was_dispatched(make_store: 
     assert (pending["dispatch_state"], pending["journal_state"]) == ("not_dispatched", "absent")
     assert pending["result"]["state"] == "awaiting_approval"
     assert pending["result"]["approval_id"] == approval_id
-    await decide(store, RUN, "ok", approve=True, by="ops", reason="fine")
+    await store.decide(RUN, "ok", approve=True, by="ops", reason="fine")
     before = await store.client.hgetall(store.keys.record(RUN, "ok"))
     approved = await receipt_of(store, "ok")
     assert approved["approval"]["status"] == "approved"
@@ -277,7 +269,7 @@ async def test_receipts_tell_whether_a_governed_call_was_dispatched(make_store: 
     done = await receipt_of(store, "ok")
     assert (done["dispatch_state"], done["approval"]["status"]) == ("attempted", "approved")
     assert done["result"]["state"] == "ready"
-    await decide(store, RUN, "no", approve=False, by="ops", reason="no")
+    await store.decide(RUN, "no", approve=False, by="ops", reason="no")
     denied = await receipt_of(store, "no")
     assert denied["approval"]["status"] == "denied"
     assert denied["dispatch_state"] == "not_dispatched"
@@ -305,8 +297,8 @@ async def test_calls_waiting_across_runs_are_found_from_the_runs_counts(
         approval_id=new_approval_id(),
         approval_expires_at_ms=now_ms() + 60_000,
     )
-    await decide(store, RUN, "b", approve=True, by="ops", reason="ok")
-    await decide(store, RUN, "c", approve=False, by="ops", reason="no")
+    await store.decide(RUN, "b", approve=True, by="ops", reason="ok")
+    await store.decide(RUN, "c", approve=False, by="ops", reason="no")
     info = await store.run_info(RUN)
     assert info is not None and info.awaiting_approval == 1
     listed = await list_runs(store, where=RunFilter(status="awaiting_approval"))
@@ -320,7 +312,7 @@ async def test_calls_waiting_across_runs_are_found_from_the_runs_counts(
         ("run-other", "x"),
     ]
     assert found.complete
-    await decide(store, RUN, "a", approve=True, by="ops", reason="ok")
-    await decide(store, "run-other", "x", approve=False, by="ops", reason="no")
+    await store.decide(RUN, "a", approve=True, by="ops", reason="ok")
+    await store.decide("run-other", "x", approve=False, by="ops", reason="no")
     assert (await pending_approvals(store)).calls == []
     assert (await list_runs(store, where=RunFilter(status="awaiting_approval"))).runs == []

@@ -15,7 +15,7 @@ import pytest
 from redis.asyncio import Redis
 
 from eventstore import Store
-from eventstore.approvals import new_approval_id
+from eventstore.decisions import new_approval_id
 from eventstore.errors import AccessDenied
 from eventstore.server.embedded import EmbeddedRedis
 from eventstore.writer import now_ms

@@ -25,8 +25,8 @@ from datetime import timedelta
 from typing import Any
 
 from eventstore import RunContext, Store, ToolBoundary, ToolEnvelope, ToolSpec
-from eventstore.approvals import NotAwaitingApproval, decide, pause_run, unpause_run
 from eventstore.boundary.contracts import Projection, ToolCall
+from eventstore.decisions import NotAwaitingApproval
 from machine.codes import EvidenceStatus, Stage
 
 #: Most looks at one call (a paused run may keep a call waiting).
@@ -93,11 +93,11 @@ async def race(url: str, namespace: str, run: str, seed: int, calls: list[str]) 
                 elif record.state.stage is Stage.AWAITING_APPROVAL and action < 0.4:
                     approve = chance.random() < 0.8
                     with contextlib.suppress(NotAwaitingApproval):  # decided meanwhile
-                        await decide(store, run, call, approve=approve, by=f"p{seed}", reason="r")
+                        await store.decide(run, call, approve=approve, by=f"p{seed}", reason="r")
                 elif action < 0.43:
-                    await pause_run(store, run, by=f"p{seed}", reason="race")
+                    await store.pause_run(run, by=f"p{seed}", reason="race")
                 elif action < 0.55:
-                    await unpause_run(store, run, by=f"p{seed}", reason="race")
+                    await store.unpause_run(run, by=f"p{seed}", reason="race")
                 else:
                     await boundary.resume(ctx, call)
 
