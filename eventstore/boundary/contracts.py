@@ -161,6 +161,26 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     approval: bool | ApprovalPolicy = False
     approval_timeout: timedelta = DEFAULT_APPROVAL_TIMEOUT
 
+    @property
+    def governed(self) -> bool:
+        """Whether calls of this tool may wait for an operator's approval (``approval`` set)."""
+        return self.approval is not False
+
+    def needs_approval(self, arguments: dict[str, Any], call: ToolCall) -> bool:
+        """Whether this call waits for an operator's approval (False for a tool not governed).
+
+        ``arguments`` is the call's decoded request. A policy that raises, or answers
+        anything but False, means yes: a side effect never runs unapproved because a
+        policy failed.
+        """
+        approval = self.approval
+        if approval is True or approval is False:
+            return approval
+        try:
+            return approval(arguments, call) is not False
+        except Exception:
+            return True
+
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):
     """A successful reply: the bounded agent result, its evidence status and the call's ids.
