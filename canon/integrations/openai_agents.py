@@ -55,7 +55,9 @@ the SDK rejects is never run nor recorded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
+import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -68,6 +70,7 @@ from canon.integrations._shared import (
     require,
     tool_schemas,
 )
+from eventstore.approvals import NotAwaitingApproval, expire
 from eventstore.boundary.contracts import (
     AgentReply,
     ApprovalPending,
@@ -79,8 +82,10 @@ from eventstore.boundary.contracts import (
 )
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import WrongEventLoop
+from eventstore.reader import InvocationRecord
 from eventstore.store import Store
 from eventstore.sync import SyncBoundary, SyncStore
+from eventstore.writer import now_ms
 from machine.codes import ErrorCode, Stage
 from machine.errors import InvalidArgument
 from machine.ids import invocation_id
@@ -102,6 +107,8 @@ __all__ = [
 
 #: The outcomes canon records for a governed call that never ran.
 _REFUSED_BY_OPERATORS: Final = frozenset({ErrorCode.APPROVAL_DENIED, ErrorCode.APPROVAL_EXPIRED})
+#: Where a governed call's approval can still expire (its permit not taken).
+_BEFORE_DISPATCH: Final = frozenset({Stage.AWAITING_APPROVAL, Stage.APPROVED})
 #: No real call id: the SDK says a tool is approved for it only when it is approved for
 #: every call (``always_approve``).
 _ANY_CALL: Final = "canon: any call of this tool"
@@ -155,12 +162,12 @@ def _json_object(arguments: Mapping[str, Any] | str) -> dict[str, Any] | None:
 class _CanonApproval:
     """A governed tool's ``needs_approval``: canon records the call and says whether it waits.
 
-    Asked by the SDK before the tool runs (and again for a call left pending). When the
-    tool's policy wants an approval, the call goes to the boundary, which records it
-    waiting (or, asked again, answers the same call): the SDK interrupts while canon
-    answers :class:`ApprovalPending`. Any other answer (the call was decided meanwhile, or
-    refused) is held for the tool's own call, which follows at once and returns it, so
-    the call reaches canon once.
+    Asked by the SDK before the tool runs (a resumed run keeps its pending calls without
+    asking again). When the tool's policy wants an approval, the call goes to the
+    boundary, which records it waiting (asked again, as for a re-sent turn, it answers the
+    same call): the SDK interrupts while canon answers :class:`ApprovalPending`. Any other
+    answer (the call was decided already, or refused) is held for the tool's own call,
+    which follows at once and returns it, so the call reaches canon once.
     """
 
     def __init__(
@@ -174,7 +181,9 @@ class _CanonApproval:
         self.name = name
         self.spec = spec
         self.run = run
+        # One agent may serve runs in many threads (Runner.run_sync): one lock for all.
         self._held: OrderedDict[tuple[str, str], AgentReply] = OrderedDict()
+        self._held_lock = threading.Lock()
 
     async def __call__(
         self, run_context: RunContextWrapper[Any], arguments: dict[str, Any], call_id: str
@@ -186,9 +195,10 @@ class _CanonApproval:
             return False
         if isinstance(reply, ApprovalPending):
             return True
-        self._held[(ctx.run_id, call_id)] = reply
-        while len(self._held) > _MAX_HELD_ANSWERS:  # asks whose tool never ran (guardrails)
-            self._held.popitem(last=False)
+        with self._held_lock:
+            self._held[(ctx.run_id, call_id)] = reply
+            while len(self._held) > _MAX_HELD_ANSWERS:  # asks whose tool never ran
+                self._held.popitem(last=False)
         return False
 
     async def ask(
@@ -220,7 +230,8 @@ class _CanonApproval:
 
     def held(self, run_id: str, call_id: str) -> AgentReply | None:
         """The answer an ask got for this call and held for the tool's call, once."""
-        return self._held.pop((run_id, call_id), None)
+        with self._held_lock:
+            return self._held.pop((run_id, call_id), None)
 
     def refuse_standing_approval(self, tool_context: ToolContext[Any]) -> None:
         """Raise when the SDK approves every call of this tool (``always_approve``).
@@ -376,28 +387,57 @@ def _canon_approval(item: ToolApprovalItem) -> _CanonApproval | None:
     return None
 
 
+def _recorded_verdict(record: InvocationRecord) -> AgentReply | None:
+    """What a governed call's record says: pending, its denial or expiry, or None (go on).
+
+    Reading only: a call waiting past its expiry is for the caller to expire.
+    """
+    state = record.state
+    if state.approval_id is None:  # canon's policy let it run: the tool's call answers
+        return None
+    if state.stage is Stage.AWAITING_APPROVAL:
+        return ApprovalPending(
+            tool_call_id=state.tool_call_id,
+            invocation_id=record.invocation_id,
+            approval_id=state.approval_id,
+        )
+    if state.error_code in _REFUSED_BY_OPERATORS:
+        return ToolError.of(
+            state.error_code,
+            tool_call_id=state.tool_call_id,
+            invocation_id=record.invocation_id,
+        )
+    return None  # approved: the tool's call takes the permit, or answers the outcome
+
+
 async def _verdict(
     store: Store, approval: _CanonApproval, ctx: RunContext, call_id: str, arguments: str
 ) -> AgentReply | None:
     """What canon says of one interrupted call: pending, an error to reject it with, or None.
 
-    None approves it: its tool's call then gets canon's answer (its one run, or its
-    recorded outcome).
+    None approves it in the SDK: its tool's call then gets canon's answer (its one run,
+    or its recorded outcome). Nothing is dispatched here.
     """
     record = await store.get(ctx.run_id, call_id)
-    if record is not None and record.state.stage is not Stage.AWAITING_APPROVAL:
-        code = record.state.error_code
-        if record.state.approval_id is not None and code in _REFUSED_BY_OPERATORS:
-            return ToolError.of(code, tool_call_id=call_id, invocation_id=record.invocation_id)
-        return None
-    # Waiting, or never recorded (the SDK asks no policy for arguments it cannot parse):
-    # the boundary records it, says it still waits, or records its expiry.
-    reply = await approval.ask(ctx, call_id, arguments)
-    if isinstance(reply, ToolError) and (
-        reply.invocation_id is None or reply.error_code in _REFUSED_BY_OPERATORS
-    ):
-        return reply
-    return reply if isinstance(reply, ApprovalPending) else None
+    if record is None:
+        # Never recorded: the SDK asks no policy of arguments it cannot parse (``""``).
+        # Nothing exists to dispatch, so the boundary records the call waiting (or
+        # refuses it, or its policy wants no approval: None).
+        reply = await approval.ask(ctx, call_id, arguments)
+        if isinstance(reply, ToolError) and reply.invocation_id is None:
+            return reply
+        return reply if isinstance(reply, ApprovalPending) else None
+    state = record.state
+    due = state.approval_expires_at_ms
+    if state.stage in _BEFORE_DISPATCH and due is not None and now_ms() >= due:
+        # Past its expiry, undecided or approved but not dispatched: recorded now (as the
+        # permit would; a decision or a dispatch that came first stays).
+        with contextlib.suppress(NotAwaitingApproval):
+            await expire(store, ctx.run_id, call_id)
+        record = await store.get(ctx.run_id, call_id)
+        if record is None:
+            return ToolError.of(ErrorCode.RECORD_EXPIRED, tool_call_id=call_id)
+    return _recorded_verdict(record)
 
 
 async def _apply(
@@ -436,8 +476,11 @@ async def apply_decisions(
 
     Each interruption of a governed tool built here is approved (canon approved the
     call), rejected with canon's error as the model's text (denied, expired, refused), or
-    left pending (no decision yet). Nothing runs here: the approved tool runs once, when
+    left pending (no decision yet). A call past its approval's expiry has the expiry
+    recorded; a call the SDK interrupted without asking canon (arguments it could not
+    parse) is recorded waiting. Nothing runs here: the approved tool runs once, when
     ``Runner.run(agent, state)`` resumes. Interruptions of other tools are left alone.
+    Apply again (on the new state) after a resume that stopped on pending calls.
 
     Args:
         state: ``result.to_state()`` of the interrupted run (or one loaded from JSON).
@@ -450,6 +493,8 @@ async def apply_decisions(
 
     Raises:
         InvalidArgument: no run is known for a governed call.
+        StoreUnavailable: Redis failed or timed out; nothing was applied to the calls
+            not yet read.
 
     """
     if isinstance(store, SyncStore):

@@ -243,15 +243,19 @@ async def test_a_denied_call_reaches_the_model_as_the_sdks_rejection(store: Stor
     assert record is not None and record.state.error_code is ErrorCode.APPROVAL_DENIED
 
 
-async def test_an_expired_approval_is_recorded_and_rejected(store: Store) -> None:
-    """No decision in time: applying the decisions records the expiry and rejects the
-    call with APPROVAL_EXPIRED; the tool never runs."""
+@pytest.mark.parametrize("approved", [False, True], ids=["undecided", "approved"])
+async def test_an_expired_approval_is_recorded_and_rejected(store: Store, approved: bool) -> None:
+    """Past its approval's expiry (undecided, or approved but not yet dispatched):
+    applying the decisions records the expiry and rejects the call with APPROVAL_EXPIRED;
+    the tool never runs."""
     await open_run(store)
     tool = Refunds()
-    boundary = ToolBoundary(store, tool.specs(approval_timeout=timedelta(milliseconds=100)))
+    boundary = ToolBoundary(store, tool.specs(approval_timeout=timedelta(seconds=1)))
     endpoint = scripted([REFUND_CALL])
     agent = refund_agent(endpoint, boundary)
     state = await saved(await interrupted(agent, store), agent)
+    if approved:
+        await decide(store, approve=True)
     record = await store.get(RUN, CALL_ID)
     assert record is not None and record.state.approval_expires_at_ms is not None
     due = record.state.approval_expires_at_ms
@@ -264,6 +268,28 @@ async def test_an_expired_approval_is_recorded_and_rejected(store: Store) -> Non
     [output] = outputs(endpoint.requests[1])
     assert output["output"] == error_text(ErrorCode.APPROVAL_EXPIRED)
     assert tool.done == []
+
+
+async def test_a_resent_turn_of_a_call_that_ran_answers_its_result(store: Store) -> None:
+    """The same model turn in a new Runner.run of the same canon run (a harness retry):
+    canon answers the call's one recorded result; no interruption, nothing runs again."""
+    await open_run(store)
+    tool = Refunds()
+    boundary = ToolBoundary(store, tool.specs())
+    endpoint = scripted([REFUND_CALL])
+    agent = refund_agent(endpoint, boundary)
+    state = await saved(await interrupted(agent, store), agent)
+    await decide(store, approve=True)
+    await apply_decisions(state, store, run=CTX)
+    await Runner.run(agent, state, run_config=RUN_CONFIG)
+    retry = scripted([REFUND_CALL])
+    result = await Runner.run(
+        refund_agent(retry, boundary), "Refund order 9.", context=CONTEXT, run_config=RUN_CONFIG
+    )
+    assert result.interruptions == []
+    [output] = outputs(retry.requests[1])
+    assert json.loads(output["output"]) == {"refunded": 125}
+    assert tool.done == [ORDER]
 
 
 async def test_the_sdks_own_approve_dispatches_nothing(store: Store) -> None:
