@@ -510,6 +510,11 @@ class SyncBoundary:
         return self._boundary.stuck_tool_threads
 
     @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        """The tools this boundary runs, by name (see :attr:`ToolBoundary.tools`)."""
+        return self._boundary.tools
+
+    @property
     def refusals(self) -> dict[ErrorCode, int]:
         """Calls this boundary refused before any record existed, by code.
 

@@ -17,6 +17,15 @@ were already answered by Anthropic's servers and are skipped, as are text and th
 blocks. A harness that may re-send a turn builds its boundary with
 ``on_duplicate="replay"``: a re-sent ``tool_use`` id gets its first reply again.
 
+Governed tools (a ``ToolSpec`` with ``approval``): a call waiting for an operator is
+answered with canon's pending payload (``{"status": "awaiting_approval", "approval_id":
+..., "message": ...}``) without ``is_error``: the tool has not run, and the text tells
+Claude not to retry it. Once an operator decided, call :func:`tool_results` again on the
+same ``Message``: an approved call runs once, with the request canon recorded, and its
+result answers the same ``tool_use_id``; a denied one is APPROVAL_DENIED with
+``is_error: true``; calling again answers the same, running nothing (with
+``on_duplicate="replay"``, the turn's other calls answer their recorded replies).
+
 :func:`tool_results` takes either boundary (a ``SyncBoundary`` runs the calls on its own
 loop); :func:`tool_results_sync` takes a ``SyncBoundary`` and refuses an async
 ``ToolBoundary`` with a ``TypeError`` before any call is recorded. :func:`tool_params`

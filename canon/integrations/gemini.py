@@ -18,9 +18,16 @@ the ``function_response`` parts come in the order of the calls, in one ``Content
 role ``"user"`` (the role the SDK's own automatic function calling answers with, and the
 API's: a content is ``"user"`` or ``"model"``). Each is named like its call and says
 ``{"output": <result>}`` or ``{"error": {"error_code": ..., "message": ...}}``, the keys
-Gemini documents for a function's output and its error. A call without ``args`` is a
-call without parameters (``{}``). Server-side parts (``tool_call``, ``tool_response``,
-``executable_code``, ``code_execution_result``) and text are not ours and are skipped.
+Gemini documents for a function's output and its error. A governed call waiting for an
+operator is an output, ``{"output": {"status": "awaiting_approval", "approval_id": ...,
+"message": ...}}`` (not run, not to be retried); once an operator decided, answering the
+same turn again runs an approved call once (its output under the same call) or gives a
+denied one's ``{"error": {"error_code": "APPROVAL_DENIED", ...}}``, running nothing more
+(``on_duplicate="replay"`` answers the turn's other calls from their records).
+
+A call without ``args`` is a call without parameters (``{}``). Server-side parts
+(``tool_call``, ``tool_response``, ``executable_code``, ``code_execution_result``) and
+text are not ours and are skipped.
 
 Ids: canon keys each record by the provider's own tool call id and never invents one.
 Gemini 3 models give each ``function_call`` an ``id``: it is used as it came, and echoed

@@ -18,6 +18,16 @@ JSON (code and fixed message), which the model can read and which is never valid
 so it cannot be mistaken for a result (a tool may itself answer ``{"error_code": ...}``).
 Streaming users pass the assembled message or the final response.
 
+Governed tools (a ``ToolSpec`` with ``approval``): a call waiting for an operator is
+answered with canon's pending payload, ``{"status": "awaiting_approval", "approval_id":
+..., "message": ...}``, as a result (no ``Error: ``): the tool has not run and the text
+tells the model not to retry it. Once an operator decided, call :func:`tool_messages`
+(or :func:`call_outputs`) again on the same assistant message: an approved call runs
+once, with the request canon recorded, and its output answers the same ``tool_call_id``;
+a denied one is the ``Error: `` APPROVAL_DENIED text; calling again answers the same,
+running nothing. Build the boundary with ``on_duplicate="replay"`` when the message holds
+other calls too, so that they answer their recorded replies.
+
 Sync and async: the async functions take either boundary (a ``SyncBoundary`` runs the
 calls on its own loop while this one waits); the ``*_sync`` variants, for the sync
 client, take a :class:`~eventstore.sync.SyncBoundary` and refuse an async

@@ -95,8 +95,10 @@ class ErrorResult(Protocol):
 class ApprovalPolicy(Protocol):
     """Decides, per request, whether a call of a side-effecting tool waits for an operator.
 
-    Called once per call, on the event loop, with the call's arguments (decoded from its
-    canonical request) and ids; it should be quick and must not do I/O. True: the call
+    Called with the call's arguments (decoded from its canonical request) and ids, on
+    the event loop, at least once per call (an adapter may ask it before the boundary
+    does, as the OpenAI Agents SDK's ``needs_approval`` does): it should be quick, pure
+    (the same answer for the same call) and must not do I/O. True: the call
     waits for an approval; False: it runs at once and its record says no approval was
     needed. A policy that raises is taken as True: a call is never run unapproved by
     accident.
@@ -160,6 +162,26 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     error_result: ErrorResult | None = None
     approval: bool | ApprovalPolicy = False
     approval_timeout: timedelta = DEFAULT_APPROVAL_TIMEOUT
+
+    @property
+    def governed(self) -> bool:
+        """Whether calls of this tool may wait for an operator's approval (``approval`` set)."""
+        return self.approval is not False
+
+    def needs_approval(self, arguments: dict[str, Any], call: ToolCall) -> bool:
+        """Whether this call waits for an operator's approval (False for a tool not governed).
+
+        ``arguments`` is the call's decoded request. A policy that raises, or answers
+        anything but False, means yes: a side effect never runs unapproved because a
+        policy failed.
+        """
+        approval = self.approval
+        if approval is True or approval is False:
+            return approval
+        try:
+            return approval(arguments, call) is not False
+        except Exception:
+            return True
 
 
 class ToolResult(msgspec.Struct, frozen=True, kw_only=True, tag="READY", tag_field="status"):

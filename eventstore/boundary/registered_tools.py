@@ -105,7 +105,7 @@ class RegisteredTool:
     ) -> None:
         self.spec = spec
         #: Its calls may wait for an operator's approval (see :meth:`needs_approval`).
-        self.governed = spec.approval is not False
+        self.governed = spec.governed
         plain_executor = not inspect.iscoroutinefunction(spec.executor)
         self.executor_threads = threads if spec.thread and plain_executor else None
         plain_projector = not inspect.iscoroutinefunction(spec.projector)
@@ -120,17 +120,9 @@ class RegisteredTool:
     def needs_approval(self, arguments: dict[str, Any], call: ToolCall) -> bool:
         """Whether this call of a governed tool waits for an operator's approval.
 
-        A policy that raises, or answers anything but False, means yes: a side effect
-        never runs unapproved because a policy failed.
+        The spec's policy decides (:meth:`ToolSpec.needs_approval`).
         """
-        approval = self.spec.approval
-        if approval is True:
-            return True
-        assert approval is not False  # only asked of a governed tool
-        try:
-            return approval(arguments, call) is not False
-        except Exception:
-            return True
+        return self.spec.needs_approval(arguments, call)
 
     async def execute(self, arguments: Any, call: ToolCall, task: asyncio.Task[Any]) -> Any:
         """Run the executor in ``task`` within the tool's time limit.

@@ -24,6 +24,7 @@ import copy
 import math
 import time
 from collections.abc import Awaitable, Coroutine, Mapping
+from types import MappingProxyType
 from typing import Any, Final, Literal
 
 import msgspec
@@ -149,6 +150,7 @@ class ToolBoundary:
             name: RegisteredTool(spec, executor_deadlines, self._threads)
             for name, spec in tools.items()
         }
+        self._specs: Mapping[str, ToolSpec] = MappingProxyType(dict(tools))
         self._limits: Limits = store.settings.limits
         self._store_timeout_s = store_timeout_s or store.settings.timeout_s * 2
         self._store_deadlines = Deadlines(self._store_timeout_s)
@@ -189,6 +191,15 @@ class ToolBoundary:
     def store(self) -> Store:
         """The store this boundary records its calls in (to read a call's record)."""
         return self._store
+
+    @property
+    def tools(self) -> Mapping[str, ToolSpec]:
+        """The tools this boundary runs, by name, as registered (a read-only view).
+
+        For the adapters that build a framework's tool objects from a boundary (which
+        calls are governed, what the model is told).
+        """
+        return self._specs
 
     @property
     def store_timeout_s(self) -> float:
