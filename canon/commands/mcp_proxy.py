@@ -15,6 +15,17 @@ SIGINT, 2 for bad options, 3 when Redis is unavailable, 4 when the upstream cann
 exits before answering ``initialize`` or does not answer it within ``--start-timeout-s``.
 An upstream ``isError`` result reaches the host as the safe error, or, with
 ``--forward-tool-errors``, as the upstream's own text (scrubbed, bounded, recorded).
+
+Governed tools: ``--govern`` chooses which upstream tools wait for an operator's
+approval (``canon approve``, the console) before they run: ``--govern annotations``
+governs every tool whose annotations lack ``readOnlyHint: true`` (for an upstream whose
+annotations you trust), ``--govern NAME`` (repeatable) governs the tools named, and
+``--govern none`` (the default) governs none: every call is recorded and runs at once.
+A governed call is answered at once with a pending result (not an error; ``_meta`` holds
+``io.canon/approval_id``, and with ``--console-url`` the console page where an operator
+decides it, ``io.canon/console_url``); the host sends the same call again with the same
+``io.canon/tool_call_id`` to get the upstream's answer once approved (the upstream runs
+it once) or the denial.
 """
 
 from __future__ import annotations
@@ -36,6 +47,7 @@ from canon.connection import add_connection_args, open_store, user_data_dir
 from canon.exitcodes import RET_UPSTREAM
 from canon.failures import CommandError
 from canon.service import add_logging_args, run_service
+from eventstore.errors import InvalidArgument
 from eventstore.store import Store
 from machine.limits import Limits
 
@@ -137,6 +149,22 @@ def register(subparsers: Any) -> None:
         help="show the host the upstream's own isError text (scrubbed, bounded, recorded) "
         "so its model can correct the call, instead of the safe error",
     )
+    parser.add_argument(
+        "--govern",
+        action="append",
+        default=[],
+        metavar="annotations|none|NAME",
+        help="upstream tools whose calls wait for an operator's approval: 'annotations' "
+        "(each tool without readOnlyHint: true; trust the upstream's annotations), a tool "
+        "NAME (repeatable, also with 'annotations'), or 'none' (default: none)",
+    )
+    parser.add_argument(
+        "--console-url",
+        default=None,
+        metavar="URL",
+        help="the operator console's address (where canon serve answers, e.g. "
+        "http://127.0.0.1:8000): a governed call's pending result names its page there",
+    )
     add_logging_args(parser)
     # A desktop host starts the proxy from anywhere: the data folder must not depend on it.
     parser.set_defaults(data_dir=user_data_dir() / "data")
@@ -200,6 +228,30 @@ def upstream_headers(args: argparse.Namespace) -> dict[str, str]:
     return headers
 
 
+def governance_of(values: list[str]) -> Any:
+    """The :class:`~canon.integrations.mcp_relay.Governance` of the ``--govern`` flags.
+
+    Raises:
+        CommandError: ``none`` with another value, or a value that is no tool name.
+
+    """
+    from canon.integrations.mcp_relay import Governance
+    from machine.ids import is_tool_name
+
+    if "none" in values:
+        if any(value != "none" for value in values):
+            raise CommandError("--govern none governs nothing: give it alone")
+        return Governance()
+    names = {value for value in values if value != "annotations"}
+    for name in sorted(names):
+        if not is_tool_name(name):
+            raise CommandError(
+                f"--govern {name[:140]!r}: not 'annotations', 'none' or a tool name "
+                "(1-128 of A-Z a-z 0-9 _ - .)"
+            )
+    return Governance(annotations="annotations" in values, names=frozenset(names))
+
+
 def _run_options(args: argparse.Namespace) -> Any:
     from canon.integrations.mcp import RunOptions
 
@@ -241,6 +293,8 @@ def _relay(args: argparse.Namespace, store: Store, send: Any) -> Any:
         result_of=host_result,
         error_of=lambda reply: error_result(reply, limits=args.limits),
         version=_version(),
+        govern=args.governance,
+        console_url=args.console_url,
     )
 
 
@@ -322,9 +376,15 @@ async def _serve(args: argparse.Namespace) -> None:
         raise CommandError("--header and --bearer-token-env need --upstream-url")
     args.limits = limits_of(args)
     try:
-        import canon.integrations.mcp  # noqa: F401
+        from canon.integrations.mcp import console_base
     except ImportError as error:
         raise CommandError(str(error)) from None
+    args.governance = governance_of(args.govern)
+    if args.console_url is not None:
+        try:
+            args.console_url = console_base(args.console_url)
+        except InvalidArgument as error:
+            raise CommandError(f"--console-url: {error}") from None
     await (_serve_http(args) if args.http else _serve_stdio(args))
 
 

@@ -11,6 +11,16 @@ and ``"502"`` stay two calls: :func:`fallback_call_id`), where the connection id
 connection (a stateless HTTP request is its own connection). Every result's ``_meta``
 tells the host which ids the call was recorded under (and its ``io.canon/invocation_id``).
 
+A governed tool (``ToolSpec(read_only=False, approval=...)``) answers at once, before it
+runs: a result that is not an error, whose text says the call waits for an operator and
+whose ``_meta`` holds :data:`APPROVAL_ID_KEY` (and, with a ``console_url``, the console
+page where an operator decides it, :data:`CONSOLE_URL_KEY`: :func:`pending_meta`). The
+host resumes the call by sending the same ``tools/call`` again with the same ids: it gets
+the pending result again while the call waits, the tool's result once an operator
+approved it (the tool runs once, whatever the number of retries), or an ``isError``
+result with the safe error APPROVAL_DENIED (or APPROVAL_EXPIRED). Nothing the host sends
+approves a call: not an argument, not a ``_meta`` key, not an elicitation's "accept".
+
 :func:`build_server` gives an MCP server (the SDK's low-level ``Server``) whose tools are
 ``ToolSpec``s (or the listing of another MCP server: see ``canon mcp-proxy``), and
 :func:`serve_tools` runs one on stdio. Errors are ``isError: true`` results whose text is
@@ -25,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import re
 import secrets
+import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
 from datetime import timedelta
@@ -43,7 +54,7 @@ from eventstore.boundary.contracts import (
     ToolSpec,
 )
 from eventstore.boundary.tool_boundary import ToolBoundary
-from eventstore.errors import CanonError, RunExists
+from eventstore.errors import CanonError, InvalidArgument, RunExists
 from eventstore.store import Store
 
 require("mcp", "mcp")
@@ -63,11 +74,16 @@ INVOCATION_ID_KEY: Final = "io.canon/invocation_id"
 
 #: ``_meta`` key, on the result of a governed call waiting for an operator, of its approval.
 APPROVAL_ID_KEY: Final = "io.canon/approval_id"
+#: ``_meta`` key, on the result of a governed call waiting for an operator, of the console
+#: page where an operator decides it (only when a console URL is configured).
+CONSOLE_URL_KEY: Final = "io.canon/console_url"
 
 #: Prefix of the fallback run and tool call ids of hosts that send no ids.
 FALLBACK_PREFIX: Final = "mcp"
 __all__ = [
     "ANY_OBJECT",
+    "APPROVAL_ID_KEY",
+    "CONSOLE_URL_KEY",
     "FALLBACK_PREFIX",
     "INVOCATION_ID_KEY",
     "RUN_ID_KEY",
@@ -78,8 +94,11 @@ __all__ = [
     "call_ids",
     "call_meta",
     "call_tool",
+    "console_base",
+    "console_call_url",
     "fallback_call_id",
     "json_result",
+    "pending_meta",
     "serve_tools",
     "tool_definitions",
 ]
@@ -159,6 +178,56 @@ def json_result(reply: ToolResult) -> types.CallToolResult:
     return types.CallToolResult(content=[types.TextContent(type="text", text=reply_content(reply))])
 
 
+def console_base(url: str) -> str:
+    """The operator console's root URL, checked, for :func:`console_call_url`.
+
+    ``url`` is where ``canon serve`` answers (``http://127.0.0.1:8000``) or its console
+    (``http://127.0.0.1:8000/console/``), as an operator's browser reaches it.
+
+    Raises:
+        InvalidArgument: ``url`` is not an http or https URL with a host, or has a query
+            or a fragment.
+
+    """
+    parts = urllib.parse.urlsplit(url)
+    if parts.scheme not in ("http", "https") or not parts.netloc or parts.query or parts.fragment:
+        raise InvalidArgument("the console URL must be an http(s) URL such as http://host:8000")
+    path = parts.path.rstrip("/")
+    path = path.removesuffix("/console")
+    return urllib.parse.urlunsplit((parts.scheme, parts.netloc, path, "", ""))
+
+
+def console_call_url(console_url: str, run_id: str, invocation_id: str) -> str:
+    """The console's page of one call: ``<console>/console/runs/<run>/invocations/<id>``.
+
+    Args:
+        console_url: the console's address (see :func:`console_base`).
+        run_id: the call's run.
+        invocation_id: the call's public id (64 hex).
+
+    Raises:
+        InvalidArgument: ``console_url`` is not a console address.
+
+    """
+    run = urllib.parse.quote(run_id, safe="")
+    return f"{console_base(console_url)}/console/runs/{run}/invocations/{invocation_id}"
+
+
+def pending_meta(reply: ApprovalPending, run_id: str, console_url: str | None) -> dict[str, Any]:
+    """The ``_meta`` of a governed call's pending result: its approval, and its console page.
+
+    Args:
+        reply: the boundary's answer for the waiting call.
+        run_id: the run it was recorded under.
+        console_url: the operator console's address, or None (then no page is named).
+
+    """
+    meta: dict[str, Any] = {APPROVAL_ID_KEY: reply.approval_id}
+    if console_url is not None:
+        meta[CONSOLE_URL_KEY] = console_call_url(console_url, run_id, reply.invocation_id)
+    return meta
+
+
 def build_server(
     boundary: ToolBoundary,
     tools: Mapping[str, ToolSpec] | Sequence[types.Tool],
@@ -167,6 +236,7 @@ def build_server(
     run_id: str | None = None,
     open_runs: tuple[Store, RunOptions] | None = None,
     result_of: ResultOf = json_result,
+    console_url: str | None = None,
 ) -> Server[dict[str, Any]]:
     """Build an MCP server that lists ``tools`` and runs every call through ``boundary``.
 
@@ -181,8 +251,15 @@ def build_server(
             (a run opened beforehand is used as it is). Without it, the harness opens
             the runs.
         result_of: turns a successful reply into the host's result.
+        console_url: the operator console's address (see :func:`console_base`): the
+            pending result of a governed call names its page there. None: no page.
+
+    Raises:
+        InvalidArgument: ``console_url`` is not a console address.
 
     """
+    if console_url is not None:
+        console_url = console_base(console_url)
     listing = tool_definitions(tools) if isinstance(tools, Mapping) else list(tools)
     opener = _RunOpener(*open_runs) if open_runs is not None else None
 
@@ -210,7 +287,7 @@ def build_server(
             arguments=params.arguments if params.arguments is not None else {},
         )
         reply = await boundary.invoke(RunContext(call_run_id), envelope)
-        return _answer(reply, call_run_id, result_of)
+        return _answer(reply, call_run_id, result_of, console_url)
 
     return Server(name, lifespan=connection, on_list_tools=list_tools, on_call_tool=call)
 
@@ -223,6 +300,7 @@ async def serve_tools(
     name: str = "canon",
     open_runs: tuple[Store, RunOptions] | None = None,
     streams: tuple[Any, Any] | None = None,
+    console_url: str | None = None,
 ) -> None:
     """Serve ``specs`` over MCP until the client goes away (options: :func:`build_server`).
 
@@ -230,7 +308,9 @@ async def serve_tools(
     descriptor 1 at stderr, so nothing but the protocol reaches stdout); ``streams`` serve
     one connection over any other transport's (read, write) pair instead.
     """
-    server = build_server(boundary, specs, name=name, run_id=run_id, open_runs=open_runs)
+    server = build_server(
+        boundary, specs, name=name, run_id=run_id, open_runs=open_runs, console_url=console_url
+    )
     async with AsyncExitStack() as stack:
         read_stream, write_stream = (
             streams if streams is not None else await stack.enter_async_context(stdio_server())
@@ -292,7 +372,9 @@ def _connection_id(ctx: ServerRequestContext[dict[str, Any]]) -> str:
     return secrets.token_hex(8)
 
 
-def _answer(reply: AgentReply, run_id: str, result_of: ResultOf) -> types.CallToolResult:
+def _answer(
+    reply: AgentReply, run_id: str, result_of: ResultOf, console_url: str | None
+) -> types.CallToolResult:
     meta: dict[str, Any] = {RUN_ID_KEY: run_id}
     if reply.tool_call_id is not None:
         meta[TOOL_CALL_ID_KEY] = reply.tool_call_id
@@ -310,7 +392,7 @@ def _answer(reply: AgentReply, run_id: str, result_of: ResultOf) -> types.CallTo
         result = types.CallToolResult(
             content=[types.TextContent(type="text", text=reply.message)],
             is_error=False,
-        ).model_copy(update={"meta": {APPROVAL_ID_KEY: reply.approval_id}})
+        ).model_copy(update={"meta": pending_meta(reply, run_id, console_url)})
     else:
         result = result_of(reply)
     return result.model_copy(update={"meta": {**(result.meta or {}), **meta}})

@@ -15,6 +15,16 @@ upstream ``isError: true`` result fails the call (:class:`UpstreamToolError`); w
 ``forward_tool_errors`` each tool's ``ToolSpec`` has :func:`upstream_error_text` as its
 ``error_result``, so the upstream's own text is recorded and shown to the host.
 
+Governed tools: :class:`Governance` says which upstream tools wait for an operator's
+approval (by their annotations, by name, or none: the default). A governed tool's call is
+recorded with its request frozen and answered at once with a pending result, never sent
+upstream (its listing shows the host no ``outputSchema``, which the pending result could
+not match); the host's retry of the same ``tools/call`` with the same ids gets the pending
+result again, the upstream's answer once an operator approved it (the upstream's
+``tools/call`` is the executor, so it is sent once, whatever the number of retries), or
+the denial. Nothing the host sends approves a call: an elicitation's "accept" is passed
+to the upstream as its answer and means nothing to the proxy.
+
 Ids: the relay never forwards a peer's JSON-RPC id; it sends its own and maps the answer
 back to the exact id (value and type) the peer used, so ``502`` and ``"502"`` stay two
 requests. Messages that are not JSON-RPC 2.0 get the standard errors: -32700 (not JSON),
@@ -37,15 +47,17 @@ import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any, Final
 
+import msgspec
 import structlog
 
 from canon.integrations.mcp import (
-    APPROVAL_ID_KEY,
     FALLBACK_PREFIX,
     INVOCATION_ID_KEY,
     RUN_ID_KEY,
     TOOL_CALL_ID_KEY,
+    console_base,
     fallback_call_id,
+    pending_meta,
 )
 from canon.integrations.mcp_upstream import Message, Upstream, UpstreamError, UpstreamGone
 from eventstore.boundary.contracts import (
@@ -132,6 +144,35 @@ class UpstreamFault(UpstreamCallError):
         self.error = dict(error)
 
 
+class Governance(msgspec.Struct, frozen=True, kw_only=True):
+    """Which upstream tools are governed: their calls wait for an operator's approval.
+
+    A governed tool is registered as ``ToolSpec(read_only=False, approval=True)``: each
+    call is recorded with its request frozen and runs upstream only once an operator
+    approved it. Other tools are recorded and run at once. The default governs nothing.
+
+    Attributes:
+        annotations: govern every tool whose ``annotations`` lack ``readOnlyHint: true``
+            (as MCP reads a tool without annotations: it may change things). Only for an
+            upstream whose annotations you trust: the upstream decides what is governed.
+        names: govern these tools, whatever their annotations; a call of one is governed
+            even when the upstream does not list it.
+
+    """
+
+    annotations: bool = False
+    names: frozenset[str] = frozenset()
+
+    def governs(self, tool: Mapping[str, Any]) -> bool:
+        """Whether the listed ``tool`` (an MCP tool definition) is governed."""
+        if tool.get("name") in self.names:
+            return True
+        if not self.annotations:
+            return False
+        hints = tool.get("annotations")
+        return not (isinstance(hints, dict) and hints.get("readOnlyHint") is True)
+
+
 def is_request_id(value: Any) -> bool:
     """Whether ``value`` is a JSON-RPC id MCP accepts: a string or an integer (not a bool)."""
     return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
@@ -162,6 +203,12 @@ class Relay:
         result_of: turns a recorded reply into the host's ``tools/call`` result.
         error_of: turns a refused or failed call's reply into the host's result.
         version: the proxy's version, named in the ``initialize`` result's ``_meta``.
+        govern: which upstream tools wait for an operator's approval (default: none).
+        console_url: the operator console's address: a governed call's pending result
+            names its page there (see :func:`~canon.integrations.mcp.console_base`).
+
+    Raises:
+        InvalidArgument: ``console_url`` is not a console address.
 
     """
 
@@ -180,6 +227,8 @@ class Relay:
         result_of: Callable[[ToolResult], Message],
         error_of: Callable[[AgentReply], Message],
         version: str = "",
+        govern: Governance = Governance(),  # noqa: B008  (frozen, so shared safely)
+        console_url: str | None = None,
     ) -> None:
         self.store = store
         self.upstream = upstream
@@ -205,7 +254,11 @@ class Relay:
         self._reverse: dict[int, Any] = {}
         # host's request id (type, value) -> running tools/call task and its upstream ids.
         self._calls: dict[tuple[type, Any], tuple[asyncio.Task[None], list[int]]] = {}
-        self._specs: dict[str, ToolSpec] = {}
+        self._govern = govern
+        self._console_url = console_base(console_url) if console_url is not None else None
+        # Tools named governed are known from the start: a call of one never bypasses
+        # the approval, listed or not.
+        self._specs: dict[str, ToolSpec] = {name: self._spec(True) for name in govern.names}
         # tool call id -> (the host's params, upstream ids): what the executor forwards.
         self._pending_params: dict[str, tuple[dict[str, Any], list[int]]] = {}
         # tool call id -> the JSON-RPC error its upstream call got.
@@ -427,7 +480,7 @@ class Relay:
             result: Message = {
                 "content": [{"type": "text", "text": reply.message}],
                 "isError": False,
-                "_meta": {APPROVAL_ID_KEY: reply.approval_id},
+                "_meta": pending_meta(reply, run_id, self._console_url),
             }
         elif isinstance(reply, ToolResult):
             result = self._result_of(reply)
@@ -463,7 +516,7 @@ class Relay:
         return self._boundary
 
     async def _refresh_tools(self) -> None:
-        names: list[str] = []
+        listed: list[Message] = []
         cursor: Any = None
         for _ in range(MAX_LIST_PAGES):
             upstream_id = next(self._ids)
@@ -478,25 +531,42 @@ class Relay:
             tools = result.get("tools") if isinstance(result, dict) else None
             if not isinstance(tools, list):
                 return
-            names.extend(tool["name"] for tool in tools if self._listable(tool))
+            listed.extend(tool for tool in tools if self._listable(tool))
             cursor = result.get("nextCursor") if isinstance(result, dict) else None
             if not isinstance(cursor, str) or not cursor:
                 break
-        self._learn(names)
+        self._learn(listed)
 
-    def _learn(self, names: list[str]) -> None:
-        """Know these tools; a new name makes a new boundary (calls in flight keep theirs)."""
-        fresh = [name for name in names if name not in self._specs]
-        if not fresh or len(self._specs) + len(fresh) > _MAX_TOOLS:
+    def _learn(self, tools: list[Message]) -> None:
+        """Know these listed tools, governed or not as :class:`Governance` says.
+
+        A new name, or a known tool whose annotations changed what governs it, makes a new
+        boundary (calls in flight keep theirs).
+        """
+        learnt: dict[str, ToolSpec] = {}
+        for tool in tools:
+            name, governed = tool["name"], self._govern.governs(tool)
+            known = self._specs.get(name, learnt.get(name))
+            if known is None or (known.approval is not False) != governed:
+                learnt[name] = self._spec(governed)
+        fresh = [name for name in learnt if name not in self._specs]
+        if fresh and len(self._specs) + len(fresh) > _MAX_TOOLS:
+            learnt = {name: spec for name, spec in learnt.items() if name in self._specs}
+        if not learnt:
             return
-        for name in fresh:
-            self._specs[name] = ToolSpec(
-                executor=self._execute,
-                projector=project_upstream,
-                timeout_s=self._timeout_s,
-                error_result=upstream_error_text if self._forward_tool_errors else None,
-            )
+        self._specs.update(learnt)
         self._boundary = ToolBoundary(self.store, self._specs, on_duplicate=self._on_duplicate)
+
+    def _spec(self, governed: bool) -> ToolSpec:
+        """An upstream tool's spec: its ``tools/call`` is the executor; governed or not."""
+        return ToolSpec(
+            executor=self._execute,
+            projector=project_upstream,
+            timeout_s=self._timeout_s,
+            error_result=upstream_error_text if self._forward_tool_errors else None,
+            read_only=not governed,
+            approval=governed,
+        )
 
     async def _execute(self, arguments: Mapping[str, Any], call: ToolCall) -> Any:
         params, upstream_ids = self._pending_params.get(call.tool_call_id, ({}, []))
@@ -617,10 +687,23 @@ class Relay:
             tools = result.get("tools")
             if isinstance(tools, list):
                 kept = [tool for tool in tools if self._listable(tool)]
-                self._learn([tool["name"] for tool in kept])
-                if len(kept) != len(tools):
-                    message = {**message, "result": {**result, "tools": kept}}
+                self._learn(kept)
+                shown = [self._shown(tool) for tool in kept]
+                if shown != tools:
+                    message = {**message, "result": {**result, "tools": shown}}
         return message
+
+    def _shown(self, tool: Message) -> Message:
+        """A listed tool as the host sees it: a governed one without its ``outputSchema``.
+
+        A governed call's first answer is the pending result, which has no structured
+        content: a host that checks results against the tool's output schema (as the
+        SDKs' clients do) would reject it. The upstream's answer, once approved, still
+        carries its structured content.
+        """
+        if "outputSchema" in tool and self._govern.governs(tool):
+            return {key: value for key, value in tool.items() if key != "outputSchema"}
+        return tool
 
     def _listable(self, tool: Any) -> bool:
         name = tool.get("name") if isinstance(tool, dict) else None
