@@ -107,7 +107,8 @@ def _outcomes_table(runs: list[DemoRun]) -> Table:
         title="Calls by outcome (what the agent saw)",
         caption="READY: evidence status of the result; ERROR: the error code. "
         "RUN_MISMATCH, DUPLICATE_TOOL_CALL, NOT_READ_ONLY and RUN_BUDGET_EXHAUSTED are "
-        "refusals; EXECUTION_FAILED and RESULT_TOO_LARGE are invocations that failed.",
+        "refusals; EXECUTION_FAILED and RESULT_TOO_LARGE are invocations that failed; "
+        "AWAITING_APPROVAL: a refund recorded and waiting for an operator's approval.",
         caption_justify="left",
     )
     table.add_column("status", no_wrap=True)
@@ -146,7 +147,13 @@ async def _views_table(store: Store, runs: list[DemoRun]) -> Table:
 
 
 async def _show_receipts(console: Console, store: Store, demo_run: DemoRun) -> None:
-    for tool_call_id in demo_run.tool_call_ids[:1] + demo_run.tool_call_ids[-4:-2]:
+    # A READY call, the call whose tool failed, and the refund waiting for an operator.
+    shown = (
+        demo_run.tool_call_ids[0],
+        demo_run.first_call_with("ERROR/EXECUTION_FAILED"),
+        demo_run.first_call_with(WAITING),
+    )
+    for tool_call_id in (call for call in shown if call is not None):
         receipt = await inspect_invocation(
             store, demo_run.run_id, invocation_id(demo_run.run_id, tool_call_id)
         )

@@ -8,6 +8,7 @@ import json
 import os
 import pathlib
 import re
+import shlex
 import socket
 import subprocess
 import sys
@@ -102,8 +103,9 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
 ) -> None:
     """Without REDIS_URL the demo starts its own Redis (and says where), shows every table,
     exits 0, leaves no server running, and ends with commands that work: against a server
-    started on the data it kept, each printed command exits 0, the failed call shows, and
-    the billing run's spent budget shows as refusals in canon runs and in its replay."""
+    started on the data it kept, each printed command exits 0, the failed call shows, the
+    refund waiting for approval is listed and approved, and the billing run's spent budget
+    shows as refusals in canon runs and in its replay."""
     data_dir = tmp_path / "data"
     result = _canon("demo", "--data-dir", str(data_dir), "--calls", "8")
     assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
@@ -129,6 +131,8 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
         "replay",
         "replay",
         "replay",
+        "approvals",
+        "approve",
         "runs",
         "export",
         "status",
@@ -139,13 +143,17 @@ def test_demo_runs_with_an_embedded_redis_and_stops_it(
     url = serve_data(data_dir)
     shown_by: dict[str, str] = {}
     for command in commands:
-        argv = command.split()[1:]
+        argv = shlex.split(command)[1:]
         assert argv.count("URL") == 1 and argv[argv.index("--namespace") + 1] == "demo"
         shown = _canon(*[url if arg == "URL" else arg for arg in argv])
         assert shown.returncode == 0, (command, shown.stdout[-2000:], shown.stderr[-2000:])
         shown_by[" ".join(argv[:2])] = shown.stdout
         if len(argv) > 2 and argv[0] == "replay" and argv[2].startswith("call_"):
             assert "error EXECUTION_FAILED" in shown.stdout and "INTACT" in shown.stdout
+    assert "call_" in shown_by["approvals --redis-url"]  # the waiting refund is listed
+    assert " approved by " in next(
+        out for cmd, out in shown_by.items() if cmd.startswith("approve ")
+    )
     runs = shown_by["runs --redis-url"]
     assert "refused" in runs
     assert re.search(rf"refused in {billing}: .*RUN_BUDGET_EXHAUSTED \d+", runs), runs

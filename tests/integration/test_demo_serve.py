@@ -15,9 +15,13 @@ from typing import Any
 
 import httpx
 import pytest
+from selenium import webdriver
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from eventstore.server.loopback import free_port
 from tests.integration.test_demo import _processes_in
+from tests.support.browser import screenshot
 from tests.support.waiting import wait_for
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
@@ -114,3 +118,51 @@ async def test_demo_serve_opens_the_console_on_a_populated_run(
     assert await asyncio.to_thread(process.wait, 30) == 0, printed()
     assert not _processes_in(data_dir), "the embedded redis-server outlived the demo"
     assert "Traceback" not in output.read_text(errors="replace")
+
+
+async def test_the_demos_waiting_refund_is_approved_in_the_browser_and_runs_once(
+    demo: Any, tmp_path: pathlib.Path, browser: webdriver.Chrome
+) -> None:
+    """The demo prints the console page of its refund waiting for approval; an operator
+    logs in there (headless chromium), approves it with a reason, and the demo's harness
+    resumes it: the page shows it READY, approved by the console's operator with that
+    reason, dispatched once with the approved request."""
+    process, output = demo("--serve", "--port", "0", "--data-dir", str(tmp_path / "d"))
+
+    def printed() -> str:
+        assert process.poll() is None, output.read_text(errors="replace")[-3000:]
+        return ANSI.sub("", output.read_text(errors="replace"))
+
+    await wait_for(lambda: "operator token:" in printed(), 120)
+    text = printed()
+    token = re.search(r"operator token: (\S+)", text)
+    waiting = re.search(r"a refund waiting for your approval: (http://\S+)", text)
+    assert token and waiting, text
+
+    def approve(driver: webdriver.Chrome) -> None:
+        wait = WebDriverWait(driver, 30)
+        driver.get(waiting.group(1))
+        wait.until(lambda d: d.find_element(By.ID, "token")).send_keys(token.group(1))
+        driver.find_element(By.ID, "login").click()
+        form = wait.until(lambda d: d.find_element(By.CSS_SELECTOR, "#decide form.decide"))
+        assert "ord-1042" in driver.find_element(By.ID, "decide").text  # the frozen request
+        screenshot(driver, "demo-refund-waiting", whole=False)
+        form.find_element(By.NAME, "reason").send_keys("checked the order")
+        form.find_element(By.CSS_SELECTOR, "button[value='approve']").click()
+        wait.until(lambda d: d.find_elements(By.ID, "decision"))
+
+        def ran(d: webdriver.Chrome) -> bool:
+            d.refresh()
+            return "status READY" in d.find_element(By.TAG_NAME, "main").text
+
+        wait.until(ran)
+        decision = driver.find_element(By.ID, "decision").text
+        assert "approved by console operator" in decision, decision
+        assert "checked the order" in decision and "the approved one" in decision, decision
+        screenshot(driver, "demo-refund-approved", whole=False)
+
+    await asyncio.to_thread(approve, browser)
+    await wait_for(lambda: "the harness resumed call_" in printed(), 30)
+    assert "READY" in printed().split("the harness resumed", 1)[1]
+    process.send_signal(signal.SIGTERM)
+    assert await asyncio.to_thread(process.wait, 30) == 0, printed()
