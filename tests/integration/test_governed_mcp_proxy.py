@@ -34,6 +34,7 @@ from canon.integrations.mcp import (
     call_tool,
 )
 from eventstore import Store
+from eventstore.approvals import pending_approvals
 from machine.codes import SAFE_MESSAGES, ErrorCode, Stage, Status
 from machine.ids import invocation_id
 from tests.support.log_scan import LOG_FORBIDDEN
@@ -199,7 +200,7 @@ async def test_a_governed_call_answers_pending_with_its_console_page_and_runs_no
     assert record is not None and record.state.stage is Stage.AWAITING_APPROVAL
     assert record.state.approval_id == approval_id
     assert json.loads(record.request) == EMAIL
-    [waiting] = (await store.pending_approvals()).calls
+    [waiting] = (await pending_approvals(store)).calls
     assert (waiting.run_id, waiting.call.tool_call_id) == (RUN, "call-1")
 
 
