@@ -6,8 +6,11 @@ identity and a bounded reason, through the same atomic script as every other eve
 checked by the same transition table. The first decision wins: the script refuses a
 second one (the version it expected has moved on, or the stage allows no decision), and
 the answer then says what was decided, by whom. A decision after the approval's expiry
-records the expiry instead (ApprovalExpired: ERROR APPROVAL_EXPIRED). The run's pause
-switch is kept here too, with who, when and why.
+records the expiry instead (ApprovalExpired: ERROR APPROVAL_EXPIRED). An operator who
+would approve the call with other arguments supersedes it instead: an edit is no
+approval, so the original is denied ("superseded") and the edited request becomes a new
+governed call, linked both ways (``superseded_by``, ``supersedes``), which waits for an
+approval of its own. The run's pause switch is kept here too, with who, when and why.
 
 It works on the store's reader, writer and run registry, so the store offers it as its
 own methods (``store.decide``, ``store.pause_run``); the steps that run a call (the
@@ -27,6 +30,9 @@ from eventstore.runs import RunRegistry
 from eventstore.writer import Writer, head_of, now_ms
 from machine.codes import ErrorCode, Stage
 from machine.fold import InvocationState
+from machine.ids import is_tool_call_id
+from machine.limits import Limits
+from machine.requests import InvalidRequest, canonical_request
 
 #: Longest approver identity and reason kept with a decision or a pause (characters).
 MAX_APPROVER_CHARS: Final = 200
@@ -103,13 +109,15 @@ class Decisions:
         reader: reads a call's record.
         writer: appends the decision's event.
         runs: keeps each run's pause switch.
+        limits: the store's size limits, which an edited request is held to.
 
     """
 
-    def __init__(self, reader: Reader, writer: Writer, runs: RunRegistry) -> None:
+    def __init__(self, reader: Reader, writer: Writer, runs: RunRegistry, limits: Limits) -> None:
         self._reader = reader
         self._writer = writer
         self._runs = runs
+        self._limits = limits
 
     async def decide(
         self,
@@ -158,6 +166,101 @@ class Decisions:
         state, _ = await self._state(run_id, tool_call_id)
         return _recorded(state, made_now=True)
 
+    async def supersede(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        arguments: object,
+        *,
+        by: str,
+        reason: str,
+    ) -> Superseded:
+        """Replace a governed call waiting for a decision by an edited one; approve neither.
+
+        The edited request (``arguments``: a JSON object, or its text) becomes a new
+        governed call of the same run and tool, ``<tool call id>.edit<n>``, with the same
+        approval expiry, recorded first (its run's checks and budgets apply, as to any
+        call); then the original is denied with the reason ``superseded: <reason>``,
+        linked to it. The new call waits for its own approval: an edit is no approval.
+        When another decision on the original came first, the new call is denied too
+        (``the original was decided first``) and that decision is returned as
+        ``original``.
+
+        Raises:
+            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long;
+                ``arguments`` is not a JSON object within the request limit; the call id
+                is too long to derive the new one.
+            NotAwaitingApproval: no such governed call, or it never awaited a decision.
+            Refused: the run refused the new call (inactive, paused, budget spent...).
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        by = checked_text(by, MAX_APPROVER_CHARS, "the approver")
+        reason = checked_text(reason, MAX_REASON_CHARS, "the reason")
+        try:
+            request = canonical_request(
+                arguments,
+                max_depth=self._limits.json_depth,
+                max_text_bytes=4 * self._limits.request_bytes,
+            )
+        except (InvalidRequest, OverflowError):
+            raise InvalidArgument("the edited arguments must be a JSON object") from None
+        if len(request) > self._limits.request_bytes:
+            raise InvalidArgument(
+                f"the edited request is over the {self._limits.request_bytes} byte request limit"
+            )
+        state, expires_at_ms = await self._state(run_id, tool_call_id)
+        if state.stage is not Stage.AWAITING_APPROVAL:
+            return Superseded(original=_recorded(state, made_now=False), edited=None)
+        assert state.approval_expires_at_ms is not None  # a governed call's
+        edited = await self._edited_call(state, request)
+        decision_id = new_approval_id()
+        try:
+            await self._writer.deny(
+                head_of(state, expires_at_ms),
+                by,
+                f"superseded: {reason}",
+                decision_id,
+                superseded_by=edited,
+            )
+        except Refused as refused:
+            if refused.code not in MOVED_ON and refused.code != ErrorCode.APPROVAL_EXPIRED.value:
+                raise
+            if refused.code == ErrorCode.APPROVAL_EXPIRED.value:
+                await self.expire(run_id, tool_call_id)
+            await self.decide(
+                run_id, edited, approve=False, by=by, reason="the original was decided first"
+            )
+            state, _ = await self._state(run_id, tool_call_id)
+            return Superseded(original=_recorded(state, made_now=False), edited=None)
+        state, _ = await self._state(run_id, tool_call_id)
+        return Superseded(original=_recorded(state, made_now=True), edited=edited)
+
+    async def _edited_call(self, original: InvocationState, request: bytes) -> str:
+        """Record the edited call waiting for approval; its tool call id."""
+        assert original.approval_expires_at_ms is not None
+        for n in range(1, 100):
+            edited = f"{original.tool_call_id}.edit{n}"
+            if not is_tool_call_id(edited):
+                raise InvalidArgument("the call id is too long to name an edited call after it")
+            try:
+                await self._writer.request_approval(
+                    original.run_id,
+                    edited,
+                    original.tool,
+                    request,
+                    approval_id=new_approval_id(),
+                    approval_expires_at_ms=original.approval_expires_at_ms,
+                    log_refusals="not_duplicates",
+                    supersedes=original.tool_call_id,
+                )
+            except Refused as refused:
+                if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL:
+                    continue  # an earlier edit holds this name
+                raise
+            return edited
+        raise InvalidArgument("this call was edited too many times")
+
     async def expire(self, run_id: str, tool_call_id: str) -> bool:
         """Record that a governed call's approval expired before its dispatch, if it did.
 
@@ -201,6 +304,17 @@ class Decisions:
         if record is None or record.state.approval_id is None:
             raise NotAwaitingApproval(None if record is None else record.state.stage)
         return record.state, record.expires_at_ms
+
+
+class Superseded(msgspec.Struct, frozen=True, kw_only=True):
+    """What an edit did: the original's decision, and the edited call's id.
+
+    ``edited`` is None when the original was decided first (``original.made_now`` is
+    then False, and no edited call waits).
+    """
+
+    original: Decision
+    edited: str | None
 
 
 def _recorded(state: InvocationState, made_now: bool) -> Decision:

@@ -152,7 +152,7 @@ class Store:
         self._reader = Reader(self.client, keys)
         self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)
         #: Operators' decisions and runs' pause switches (:mod:`eventstore.decisions`).
-        self.decisions = Decisions(self._reader, self.writer, self.runs)
+        self.decisions = Decisions(self._reader, self.writer, self.runs, self.settings.limits)
 
     @classmethod
     def from_url(

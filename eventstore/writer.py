@@ -309,13 +309,14 @@ class Writer:
         approval_id: str,
         approval_expires_at_ms: int,
         log_refusals: RefusalLogging = "all",
+        supersedes: str | None = None,
     ) -> Head:
         """Create a governed call: ApprovalRequested with the complete request, frozen.
 
         The record waits in AWAITING_APPROVAL (status PROJECTING); the tool has not run.
         The same preflight as :meth:`create` (run, budgets, duplicate, pauses) decides in
         the same script, and logs its refusals as ``log_refusals`` says (see
-        :meth:`append`).
+        :meth:`append`). ``supersedes``: the call an operator edited into this one.
 
         Raises:
             InvalidArgument: an unsafe run id or tool call id, or a tool name that is not
@@ -328,6 +329,7 @@ class Writer:
             **_first_event(run_id, tool_call_id, tool, request),
             approval_id=approval_id,
             approval_expires_at_ms=approval_expires_at_ms,
+            supersedes=UNSET if supersedes is None else supersedes,
         )
         return await self.append(
             event, request, run_id=run_id, tool_call_id=tool_call_id, log_refusals=log_refusals
@@ -350,8 +352,17 @@ class Writer:
         )
         return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
 
-    async def deny(self, head: Head, decided_by: str, reason: str, decision_id: str) -> Head:
+    async def deny(
+        self,
+        head: Head,
+        decided_by: str,
+        reason: str,
+        decision_id: str,
+        superseded_by: str | None = None,
+    ) -> Head:
         """Deny a call awaiting approval (Denied): ERROR APPROVAL_DENIED, never dispatched.
+
+        ``superseded_by``: the edited call that replaces it, when the denial is an edit.
 
         Raises:
             Refused: ILLEGAL_TRANSITION (not awaiting approval), VERSION_CONFLICT (another
@@ -365,6 +376,7 @@ class Writer:
             decision_reason=reason,
             decision_id=decision_id,
             error_code=ErrorCode.APPROVAL_DENIED,
+            superseded_by=UNSET if superseded_by is None else superseded_by,
         )
         return await self.append(event, run_id=head.run_id, tool_call_id=head.tool_call_id)
 

@@ -124,7 +124,9 @@ class ApprovalRequested(_Event, frozen=True, tag="ApprovalRequested"):
     It waits for an operator's decision; the tool has not run.
 
     ``approval_id`` names this approval wherever it is shown; ``approval_expires_at_ms``
-    is when it expires undecided (never past the record's expiry).
+    is when it expires undecided (never past the record's expiry). ``supersedes`` is the
+    tool call id of the call an operator edited into this one (``UNSET`` for a call the
+    agent made): an edit is no approval, so this call waits for its own.
     """
 
     run_id: str
@@ -134,6 +136,7 @@ class ApprovalRequested(_Event, frozen=True, tag="ApprovalRequested"):
     request_bytes: Annotated[int, Size("request")]
     approval_id: str
     approval_expires_at_ms: int
+    supersedes: str | UnsetType = UNSET
 
 
 class Approved(_Event, frozen=True, tag="Approved"):
@@ -148,12 +151,17 @@ class Approved(_Event, frozen=True, tag="Approved"):
 
 
 class Denied(_Event, frozen=True, tag="Denied"):
-    """An operator denied the call: it ends ERROR (APPROVAL_DENIED) and never runs."""
+    """An operator denied the call: it ends ERROR (APPROVAL_DENIED) and never runs.
+
+    ``superseded_by`` is the tool call id of the edited call that replaces it, when the
+    denial is an edit (``UNSET`` otherwise).
+    """
 
     decided_by: str
     decision_reason: str
     decision_id: str
     error_code: ErrorCode
+    superseded_by: str | UnsetType = UNSET
 
 
 class ApprovalExpired(_Event, frozen=True, tag="ApprovalExpired"):

@@ -93,6 +93,8 @@ class InvocationState(msgspec.Struct, kw_only=True):
     decision_reason: str | None = None
     decision_id: str | None = None
     dispatched_request_sha256: str | None = None
+    supersedes: str | None = None
+    superseded_by: str | None = None
 
 
 #: Record fields owned by the lifecycle; an event's own fields may never overwrite them.

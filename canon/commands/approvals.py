@@ -34,9 +34,10 @@ from eventstore.decisions import (
     MAX_REASON_CHARS,
     Decision,
     NotAwaitingApproval,
+    Superseded,
     checked_text,
 )
-from eventstore.errors import InvalidArgument
+from eventstore.errors import InvalidArgument, Refused
 from eventstore.store import Store
 from machine.codes import Stage
 from projections.receipts.builder import iso_ms
@@ -84,6 +85,8 @@ def _decide(args: argparse.Namespace) -> int:
         fail("no operator name: give --by")
         return RET_PROBLEM
     approve = args.command == "approve"
+    if getattr(args, "edit", None) is not None:
+        return _supersede(args)
 
     async def work() -> Decision:
         async with open_store(args) as store:
@@ -104,6 +107,37 @@ def _decide(args: argparse.Namespace) -> int:
         print_json(decision)
         return RET_OK if decision.made_now else RET_PROBLEM
     return _print_decision(decision, "approved" if approve else "denied")
+
+
+def _supersede(args: argparse.Namespace) -> int:
+    """``canon approve ... --edit JSON``: no approval; the edited call waits for its own."""
+
+    async def work() -> Superseded:
+        async with open_store(args) as store:
+            return await store.decisions.supersede(
+                args.run_id, args.tool_call_id, args.edit, by=args.by, reason=args.reason
+            )
+
+    try:
+        done = asyncio.run(work())
+    except (NotAwaitingApproval, InvalidArgument) as exc:
+        fail(f"{args.tool_call_id}: {exc}")
+        return RET_PROBLEM
+    except Refused as refused:  # the run refused the edited call: the original still waits
+        fail(f"{args.tool_call_id}: the run refused the edited call ({refused.code})")
+        return RET_PROBLEM
+    if args.json:
+        print_json(done)
+        return RET_OK if done.edited is not None else RET_PROBLEM
+    if done.edited is None:
+        return _print_decision(done.original, "edited")
+    stdout_console().print(
+        f"{args.tool_call_id}: denied as superseded by {done.edited}, which waits for its own "
+        f"approval (canon approve {args.run_id} {done.edited} --reason ...)",
+        highlight=False,
+        soft_wrap=True,
+    )
+    return RET_OK
 
 
 def _pause(args: argparse.Namespace) -> int:
@@ -262,6 +296,14 @@ def register(subparsers: Any) -> None:
         parser.add_argument("tool_call_id", help="the call")
         _decision_args(parser)
         parser.add_argument("--json", action="store_true", help="print the decision as JSON")
+        if name == "approve":
+            parser.add_argument(
+                "--edit",
+                metavar="JSON",
+                help="approve with other arguments: this is no approval; the call is denied "
+                "as superseded and the edited request (a JSON object) becomes a new call "
+                "<call>.edit<n>, linked to it, that waits for its own approval",
+            )
         add_connection_args(parser)
         add_logging_args(parser)
         parser.set_defaults(handler=_decide, log_level="WARNING")

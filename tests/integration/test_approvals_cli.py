@@ -189,3 +189,37 @@ async def test_a_sweep_records_the_expiry_of_calls_left_waiting_past_it(
     assert fresh is not None and fresh.state.stage is Stage.AWAITING_APPROVAL
     again = canon(redis_url, namespace, "sweep-approvals")
     assert again.returncode == 0 and "0 expired approval(s) recorded" in again.stdout
+
+
+async def test_approve_with_an_edit_supersedes_the_call_and_approves_nothing(
+    make_store: Any, redis_url: str, namespace: str
+) -> None:
+    """``canon approve --edit`` denies the call as superseded and records the edited
+    request as a linked call that waits; a bad edit is one line, exit 1, and changes
+    nothing."""
+    store: Store = make_store(shards=2)
+    await waiting(store, "pay-1")
+    bad = canon(redis_url, namespace, "approve", RUN, "pay-1", "--reason", "x", "--edit", "[1]")
+    assert bad.returncode == 1 and "JSON object" in bad.stderr, bad.stderr
+    record = await store.get(RUN, "pay-1")
+    assert record is not None and record.state.stage is Stage.AWAITING_APPROVAL
+    done = canon(
+        redis_url,
+        namespace,
+        "approve",
+        RUN,
+        "pay-1",
+        "--reason",
+        "cap",
+        "--edit",
+        '{"amount": 4}',
+        "--by",
+        "ana",
+    )
+    assert done.returncode == 0, done.stderr
+    assert "superseded by pay-1.edit1, which waits for its own approval" in done.stdout
+    original, edited = [await store.get(RUN, call) for call in ("pay-1", "pay-1.edit1")]
+    assert original is not None and original.state.error_code is ErrorCode.APPROVAL_DENIED
+    assert original.state.decided_by == "ana" and original.state.superseded_by == "pay-1.edit1"
+    assert edited is not None and edited.state.stage is Stage.AWAITING_APPROVAL
+    assert edited.state.supersedes == "pay-1" and edited.request == b'{"amount":4}'

@@ -23,6 +23,7 @@ from eventstore import (
     ToolResult,
     ToolSpec,
 )
+from eventstore.audit import replay_invocation
 from eventstore.boundary.contracts import Projection, ToolCall, reply_to_builtins
 from eventstore.errors import InvalidArgument
 from eventstore.writer import now_ms
@@ -374,3 +375,43 @@ def test_the_sync_facade_resumes_and_decides(redis_url: str, namespace: str) -> 
         assert tool.done == [ORDER]
     finally:
         store.close()
+
+
+async def test_an_edit_denies_the_original_and_records_a_linked_call_that_waits(
+    make_store: Any,
+) -> None:
+    """Approving with other arguments is no approval: the original ends APPROVAL_DENIED
+    ("superseded"), the edited request is a new governed call linked to it, which runs
+    only once approved and resumed; the original's arguments never run; both journals
+    replay intact."""
+    store: Store = make_store()
+    await open_run(store)
+    tool = Refunds()
+    boundary = ToolBoundary(store, governed(tool))
+    await boundary.invoke(CTX, refund())
+    edited = {"amount": 100, "to": "acct-9"}
+    done = await store.decisions.supersede(RUN, "c1", edited, by="ops@example", reason="cap at 100")
+    assert done.original.made_now and done.original.outcome == "denied"
+    assert done.edited == "c1.edit1"
+    original = await store.get(RUN, "c1")
+    assert original is not None
+    assert original.state.superseded_by == "c1.edit1"
+    assert original.state.decision_reason == "superseded: cap at 100"
+    new = await store.get(RUN, "c1.edit1")
+    assert new is not None and new.state.stage is Stage.AWAITING_APPROVAL
+    assert new.state.supersedes == "c1" and msgspec.json.decode(new.request) == edited
+    assert new.state.approval_expires_at_ms == original.state.approval_expires_at_ms
+    denied = await boundary.resume(CTX, "c1")
+    assert isinstance(denied, ToolError) and denied.error_code is ErrorCode.APPROVAL_DENIED
+    assert isinstance(await boundary.resume(CTX, "c1.edit1"), ApprovalPending)
+    await approve(store, "c1.edit1")
+    ran = await boundary.resume(CTX, "c1.edit1")
+    assert isinstance(ran, ToolResult) and ran.result == {"refunded": 100}
+    assert tool.done == [edited]
+    for call in ("c1", "c1.edit1"):
+        replay = await replay_invocation(store, RUN, call)
+        assert replay is not None and replay.verdict.intact, (call, replay.problems)
+    again = await store.decisions.supersede(RUN, "c1", edited, by="ops", reason="again")
+    assert again.edited is None and not again.original.made_now
+    with pytest.raises(InvalidArgument, match="JSON object"):
+        await store.decisions.supersede(RUN, "c1.edit1", "[1]", by="ops", reason="x")
