@@ -168,6 +168,54 @@ def _slowest_console_page(report: dict[str, Any]) -> tuple[float | None, str]:
     return page["median_ms"], f"{name} ({page['bytes']:,} bytes)"
 
 
+def _cluster_ratio(metric: str) -> Measure:
+    """The 3-master cluster's writer figure over the single server's, pair by pair.
+
+    ``server_cpu_us`` is Redis CPU per invocation summed over the masters; ``client_cpu_us``
+    the client's per invocation.
+    """
+
+    def measure(report: dict[str, Any]) -> tuple[float | None, str]:
+        section = report.get("scale_out", {})
+        if not section.get("measured"):
+            return None, str(section.get("reason", ""))
+        writer = section["modes"]["writer"]
+        single, cluster = writer["single"][metric]["median"], writer["cluster"][metric]["median"]
+        return (round(cluster / single, 3) if single else None), "medians, writer at 64 tasks"
+
+    return measure
+
+
+def _busiest_share_over_even(report: dict[str, Any]) -> tuple[float | None, str]:
+    """How far the 3-master cluster's busiest master is above an even share (1/N)."""
+    section = report.get("scale_out", {})
+    if not section.get("measured"):
+        return None, str(section.get("reason", ""))
+    shares = section["modes"]["writer"]["cluster"]["master_shares"]
+    masters = section["masters"]
+    return round(max(shares) - 1 / masters, 3), "shares " + " / ".join(f"{s:.2f}" for s in shares)
+
+
+def _curve(masters: int) -> Measure:
+    """The implied capacity of ``masters`` masters over ``0.9 x masters`` the single server's.
+
+    1.0 or more meets the capacity goal; the capacity is the busiest master's (implied by
+    the CPU, not measured).
+    """
+
+    def measure(report: dict[str, Any]) -> tuple[float | None, str]:
+        section = report.get("scale_out", {})
+        if not section.get("measured"):
+            return None, str(section.get("reason", ""))
+        point = next((p for p in section.get("curve", []) if p["masters"] == masters), None)
+        if point is None or not point.get("measured"):
+            return None, "" if point is None else str(point.get("reason", ""))
+        note = f"{point['x_single']:g} x one server (implied by the CPU, not measured)"
+        return round(point["x_single"] / point["target_x_single"], 3), note
+
+    return measure
+
+
 _AT_LEAST_1 = Bound(low=1.0)
 _WITHIN_15 = Bound(0.85, 1.15, " x")
 
@@ -204,6 +252,16 @@ GOALS: Final = (
          _scale("bytes_per_invocation"), _WITHIN_15),
     Goal("console: slowest page at 3,000 calls <= 200 ms (median)",
          _slowest_console_page, Bound(high=200, unit=" ms")),
+    Goal("cluster: Redis CPU per invocation, summed over masters, <= 1.15 x one server",
+         _cluster_ratio("server_cpu_us"), Bound(high=1.15)),
+    Goal("cluster: client CPU per invocation <= 1.3 x one server",
+         _cluster_ratio("client_cpu_us"), Bound(high=1.3)),
+    Goal("cluster: busiest master's share - 1/N <= 0.05 (3 masters)",
+         _busiest_share_over_even, Bound(high=0.05)),
+    Goal("cluster: 3 masters' implied capacity / (0.9 x 3 x one server) >= 1.0",
+         _curve(3), _AT_LEAST_1),
+    Goal("cluster: 6 masters' implied capacity / (0.9 x 6 x one server) >= 1.0",
+         _curve(6), _AT_LEAST_1),
 )
 # fmt: on
 

@@ -78,6 +78,8 @@ class BenchOptions:
     scale_duration_s: float
     scale_out_repeats: int
     scale_out_duration_s: float
+    #: Also a 6-master cluster, for the capacity curve (a full run: six more servers).
+    scale_out_larger: bool
     lag_duration_s: float
     console_repeats: int
     redis_url: str | None = None
@@ -101,6 +103,7 @@ class BenchOptions:
             scale_duration_s=0.3,
             scale_out_repeats=1,
             scale_out_duration_s=0.3,
+            scale_out_larger=False,
             lag_duration_s=1.5,
             console_repeats=3,
         )
@@ -126,6 +129,7 @@ class BenchOptions:
             scale_duration_s=1.0,
             scale_out_repeats=3,
             scale_out_duration_s=1.5,
+            scale_out_larger=True,
             lag_duration_s=10.0,
             console_repeats=9,
         )
@@ -200,9 +204,16 @@ async def _scale_out(options: BenchOptions, progress: Progress) -> dict[str, Any
         found = "none found" if binary is None else f"the private servers run {binary.label}"
         return {"measured": False, "reason": f"needs a Redis 7 redis-server ({found})"}
     try:
-        with EmbeddedCluster(binary) as cluster, _server(options, progress) as single:
+        with contextlib.ExitStack() as stack:
+            cluster = stack.enter_context(EmbeddedCluster(binary))
+            single = stack.enter_context(_server(options, progress))
             addresses = ", ".join(node.address for node in cluster.nodes)
             progress(f"private Redis Cluster of {cluster.masters} masters at {addresses}")
+            larger = (
+                stack.enter_context(EmbeddedCluster(binary, masters=6))
+                if options.scale_out_larger
+                else None
+            )
             return await measure_scale_out(
                 single,
                 cluster,
@@ -211,6 +222,8 @@ async def _scale_out(options: BenchOptions, progress: Progress) -> dict[str, Any
                 warmup_s=options.warmup_s,
                 duration_s=options.scale_out_duration_s,
                 progress=progress,
+                larger=larger,
+                larger_reason="a full run only (not --quick): six more servers",
             )
     except EmbeddedRedisError as exc:  # no cluster here: the other sections still count
         return {"measured": False, "reason": f"failed: {exc}"}

@@ -12,6 +12,11 @@ says little about its capacity. What its CPU implies does: a master that spends 
 CPU per invocation serves at most 1e6 / C invocations/s on one core, so ``masters`` of
 them, with the load spread evenly, 1e6 / C x masters (and 1e6 / (C x largest share)
 with the shares measured). Both are implied, not measured.
+
+The capacity curve puts the implied capacities side by side: one server, the 3-master
+cluster, and (a full run only) a 6-master one, measured with the writer, each against the
+single server's (``x_single``, the busiest master's capacity over the single server's):
+N masters should give at least 0.9 x N.
 """
 
 from __future__ import annotations
@@ -94,6 +99,27 @@ def _point(samples: list[Sample], masters: int) -> dict[str, Any]:
     }
 
 
+#: The mode of the capacity curve (the writer's Redis CPU is what a master's capacity is).
+CURVE_MODE: Final = "writer"
+#: Capacity goal of N masters: at least this x N the single server's.
+CURVE_TARGET: Final = 0.9
+
+
+def _curve_point(point: dict[str, Any], single: dict[str, Any], masters: int) -> dict[str, Any]:
+    """One point of the capacity curve: implied capacities and their ratio to one server."""
+    base = single["busiest_master_capacity_per_s"]
+    busiest = point["busiest_master_capacity_per_s"]
+    return {
+        "masters": masters,
+        "measured": True,
+        "implied_capacity_per_s": point["implied_capacity_per_s"],
+        "busiest_master_capacity_per_s": busiest,
+        "largest_share": max(point["master_shares"]),
+        "x_single": round(busiest / base, 2) if base else 0.0,
+        "target_x_single": round(CURVE_TARGET * masters, 2),
+    }
+
+
 async def measure_scale_out(
     single_url: str,
     cluster: EmbeddedCluster,
@@ -103,10 +129,19 @@ async def measure_scale_out(
     warmup_s: float,
     duration_s: float,
     progress: Callable[[str], None],
+    larger: EmbeddedCluster | None = None,
+    larger_reason: str = "",
 ) -> dict[str, Any]:
-    """Measure the writer and the boundary at 64 tasks on the cluster and on one server."""
+    """Measure the writer and the boundary at 64 tasks on the cluster and on one server.
+
+    ``larger`` (a cluster of more masters) is measured with the writer only, for the
+    capacity curve; without it the curve says why (``larger_reason``).
+    """
     sites = {"single": _single(single_url, namespace), "cluster": _cluster(cluster, namespace)}
     runs = list(itertools.product(sites, MODES))
+    if larger is not None:
+        sites["larger"] = _cluster(larger, namespace)
+        runs.append(("larger", CURVE_MODE))
     samples: dict[tuple[str, str], list[Sample]] = {run: [] for run in runs}
     try:
         for site in sites.values():
@@ -124,6 +159,19 @@ async def measure_scale_out(
             await site.close()
     masters = len(cluster.nodes)
     result: dict[str, Any] = {"measured": True, "masters": masters, "tasks": TASKS, "modes": {}}
+    single_point = _point(samples[("single", CURVE_MODE)], 1)
+    curve = [_curve_point(single_point, single_point, 1)]
+    curve.append(
+        _curve_point(_point(samples[("cluster", CURVE_MODE)], masters), single_point, masters)
+    )
+    if larger is not None:
+        more = len(larger.nodes)
+        curve.append(
+            _curve_point(_point(samples[("larger", CURVE_MODE)], more), single_point, more)
+        )
+    else:
+        curve.append({"masters": 6, "measured": False, "reason": larger_reason})
+    result["curve"] = curve
     for mode in MODES:
         single, clustered = samples[("single", mode)], samples[("cluster", mode)]
         result["modes"][mode] = {

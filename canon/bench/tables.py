@@ -134,6 +134,21 @@ def _render_scale_out(section: dict[str, Any], console: Console) -> None:
                 f"{row['implied_capacity_per_s']:,} / {row['busiest_master_capacity_per_s']:,}",
             )
     console.print(table)
+    curve = section.get("curve")
+    if curve:
+        points = [
+            f"{p['masters']} master{'s' if p['masters'] > 1 else ''}: "
+            + (
+                f"{p['busiest_master_capacity_per_s']:,} inv/s ({p['x_single']:g} x one server, "
+                f"target {p['target_x_single']:g})"
+                if p.get("measured")
+                else f"not measured ({p.get('reason', '')})"
+            )
+            for p in curve
+        ]
+        console.print("Capacity curve (writer, busiest master; implied by the CPU, not measured):")
+        for line in points:
+            console.print(f"  {line}", highlight=False)
 
 
 def _render_memory(report: dict[str, Any], console: Console) -> None:

@@ -149,6 +149,22 @@ def test_quick_report_has_scale_out_on_a_cluster(
         assert set(point["cluster_x_single"]) == {"invocations_per_s", "server_cpu_us"}
     assert "Scale-out at 64 tasks: a 3-master cluster" in result.stdout
     assert "implied by the CPU, not measured" in result.stdout
+    # The capacity curve: one server, 3 masters, and 6 only in a full run.
+    one, three, six = scale_out["curve"]
+    assert (one["masters"], one["x_single"]) == (1, 1.0)
+    assert three["masters"] == 3 and three["measured"] and three["x_single"] > 0
+    assert three["target_x_single"] == pytest.approx(2.7)
+    assert six == {"masters": 6, "measured": False, "reason": six["reason"]}
+    assert "full run only" in six["reason"]
+    assert "Capacity curve (writer, busiest master" in result.stdout
+    goals = {goal["goal"]: goal for goal in report["goals"]}
+    assert goals["cluster: 3 masters' implied capacity / (0.9 x 3 x one server) >= 1.0"][
+        "measured"
+    ] == pytest.approx(three["x_single"] / 2.7, abs=0.01)
+    assert (
+        goals["cluster: 6 masters' implied capacity / (0.9 x 6 x one server) >= 1.0"]["status"]
+        == "N/A"
+    )
 
 
 def test_quick_report_measures_memory_under_both_settings(
@@ -178,10 +194,18 @@ def test_quick_report_has_scale_lag_and_goals(quick: tuple[Any, dict[str, Any]])
     goals = report["goals"]
     assert [goal["goal"] for goal in goals] == [goal.name for goal in GOALS]
     assert {goal["status"] for goal in goals} <= {"PASS", "SHORT", "N/A"}
-    # Only the 1M-stored goals need a full run.
+    # Only the 1M-stored goals and the 6-master capacity need a full run; the cluster's
+    # goals need Redis 7.
+    clustered = report["scale_out"]["measured"]
     unmeasured = [goal["goal"] for goal in goals if goal["status"] == "N/A"]
-    assert unmeasured == [goal["goal"] for goal in goals if goal["goal"].startswith("1M stored")]
-    assert len(unmeasured) == 2
+    assert unmeasured == [
+        goal["goal"]
+        for goal in goals
+        if goal["goal"].startswith("1M stored")
+        or goal["goal"].startswith("cluster: 6 masters")
+        or (goal["goal"].startswith("cluster:") and not clustered)
+    ]
+    assert len(unmeasured) == (3 if clustered else 7)
     console = report["console"]
     assert console["measured"] is True and console["calls"] == 3_000
     for page in console["pages"].values():
