@@ -172,3 +172,31 @@ async def test_a_masters_script_flush_is_answered_by_loading_there(
     for run_id in runs.values():
         for i in range(16):
             await _assert_journal_once(store, run_id, f"call-{i}", 3)
+
+
+async def test_calls_on_killed_connections_are_sent_again_once(
+    make_open_store: Any, redis_cluster: LocalCluster
+) -> None:
+    """Every master drops the store's connections (``CLIENT KILL``) before and while 96
+    lifecycles are pipelined: the calls cut off are sent again on fresh connections, all
+    succeed, and every journal holds each event once."""
+    store: Store = await make_open_store()
+    runs = _run_per_node(store, redis_cluster)
+    for run_id in runs.values():
+        await store.open_run(run_id, deadline=timedelta(minutes=5), tools={TOOL: None})
+        await _lifecycle(store, run_id, "warm")  # every master's lanes keep connections
+    redirects = store.batch_stats.redirects
+    for node in redis_cluster.nodes:  # the kept connections are dead before the load
+        node.command("CLIENT", "KILL", "TYPE", "normal")
+    load = asyncio.gather(
+        *(_lifecycle(store, run_id, f"call-{i}") for run_id in runs.values() for i in range(32))
+    )
+    await asyncio.sleep(0.01)
+    for node in redis_cluster.nodes:  # and again while calls are in flight
+        node.command("CLIENT", "KILL", "TYPE", "normal")
+    heads = await load
+    assert {head.version for head in heads} == {3}
+    assert store.batch_stats.redirects > redirects
+    for run_id in runs.values():
+        for i in range(32):
+            await _assert_journal_once(store, run_id, f"call-{i}", 3)
