@@ -45,8 +45,10 @@ from redis.commands.core import AsyncScript
 from redis.exceptions import (
     AskError,
     ClusterDownError,
+    ClusterError,
     MovedError,
     NoScriptError,
+    RedisError,
     ResponseError,
     SlotNotCoveredError,
     TryAgainError,
@@ -211,21 +213,21 @@ class ClusterScriptBatcher:
             elif isinstance(error, _CONNECTION_ERRORS):
                 failures += 1
                 if failures > cluster.retry.get_retries():
-                    raise error
+                    raise _redis_error(error)
                 await asyncio.sleep(min(delay * failures, _MAX_DELAY_S))
                 await cluster.nodes_manager.initialize()
             else:  # TRYAGAIN, CLUSTERDOWN, a slot not covered: wait, then look again
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     log.warning("cluster_call_abandoned", error_type=type(error).__name__)
-                    raise error
+                    raise _redis_error(error)
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, _MAX_DELAY_S)
                 if isinstance(error, (ClusterDownError, SlotNotCoveredError)):
                     await cluster.nodes_manager.initialize()
             if time.monotonic() >= deadline:
                 log.warning("cluster_call_abandoned", error_type=type(error).__name__)
-                raise error
+                raise _redis_error(error)
             try:
                 if ask is not None:
                     return await self._asking(ask, script, keys, args)
@@ -280,6 +282,15 @@ async def _reply(connection: Connection) -> Any:
         return await connection.read_response()
     except ResponseError as exc:
         return exc
+
+
+def _redis_error(error: Exception) -> Exception:
+    """``error`` as a Redis error the store translates (a slot not covered is not one)."""
+    if isinstance(error, RedisError):
+        return error
+    wrapped = ClusterError(type(error).__name__)
+    wrapped.__cause__ = error
+    return wrapped
 
 
 def _text(reply: Any) -> str:

@@ -9,9 +9,12 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+from redis.exceptions import TryAgainError
 
 from eventstore.audit import verify_against_events
 from eventstore.store import Store
+from eventstore.wire.cluster import cluster_client
+from eventstore.wire.cluster_batching import ClusterScriptBatcher
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from machine.fold import fold_all
@@ -200,3 +203,40 @@ async def test_calls_on_killed_connections_are_sent_again_once(
     for run_id in runs.values():
         for i in range(32):
             await _assert_journal_once(store, run_id, f"call-{i}", 3)
+
+
+async def test_a_call_refused_past_the_redirect_budget_fails_alone(
+    redis_cluster: LocalCluster, namespace: str
+) -> None:
+    """A call whose slot keeps answering TRYAGAIN fails with that error once its budget
+    is spent, without running, while a call to another slot in the same turn succeeds."""
+    client = cluster_client(redis_cluster.url, redirect_budget_s=0.3)
+    batcher = ClusterScriptBatcher(client)
+    script = client.register_script(
+        "redis.call('SET', KEYS[1], ARGV[1]) return redis.call('GET', KEYS[2])"
+    )
+    stuck, other = f"{{{namespace}-a}}", f"{{{namespace}-b}}"
+    slot = redis_cluster.keyslot(stuck)
+    source = redis_cluster.node_of_slot(slot)
+    target = next(node for node in redis_cluster.nodes if node is not source)
+    await client.set(f"{stuck}:1", "old")  # present; ``{stuck}:2`` is not: TRYAGAIN
+    try:
+        await client.initialize()
+        target.command("CLUSTER", "SETSLOT", slot, "IMPORTING", source.node_id)
+        source.command("CLUSTER", "SETSLOT", slot, "MIGRATING", target.node_id)
+        refused, answered = await asyncio.gather(
+            batcher.call(script, [f"{stuck}:1", f"{stuck}:2"], ["new"]),
+            batcher.call(script, [f"{other}:1", f"{other}:2"], ["new"]),
+            return_exceptions=True,
+        )
+    finally:
+        for node in (source, target):
+            node.command("CLUSTER", "SETSLOT", slot, "STABLE")
+        await batcher.close()
+    try:
+        assert isinstance(refused, TryAgainError) and answered is None
+        assert batcher.stats.redirects > 1
+        assert await client.get(f"{stuck}:1") == b"old"
+    finally:
+        await client.delete(f"{stuck}:1", f"{other}:1")
+        await client.aclose()
