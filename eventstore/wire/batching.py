@@ -36,8 +36,10 @@ re-sent event is answered "applied").
 
 On a Redis Cluster, :class:`~eventstore.wire.cluster_batching.ClusterScriptBatcher` runs
 one :class:`ScriptBatcher` per primary, each over that node's own connections (its
-``pool``), and routes each call by its slot: every guarantee above holds per node. A
-cluster client given to :class:`ScriptBatcher` itself, with no ``pool``, is not batched:
+``pool``), and routes each call by its slot: every guarantee above holds per node, but
+for retries: a node's connections retry nothing, and the cluster batcher re-sends each
+call cut off or redirected, alone, on the node that owns its slot then. A cluster
+client given to :class:`ScriptBatcher` itself, with no ``pool``, is not batched:
 each call goes alone through redis-py's cluster routing.
 """
 
