@@ -40,6 +40,7 @@ from eventstore.wire.cluster import (
     split_cluster_parameter,
     store_client,
 )
+from eventstore.wire.cluster_batching import ClusterScriptBatcher
 from eventstore.wire.exchange import BatchStats
 from eventstore.wire.keys import LAYOUT, LAYOUTS, LEGACY_LAYOUT, Keys
 from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_replicas
@@ -123,13 +124,15 @@ class Store:
         self.settings = settings
         self.cluster = cluster_of(client)
         self.client = store_client(client)
-        self._batcher = (
-            ReplicaAcknowledgedCalls(
+        self._batcher: ScriptBatcher | ClusterScriptBatcher
+        if settings.replicas:
+            self._batcher = ReplicaAcknowledgedCalls(
                 self.client, replicas=settings.replicas, timeout_ms=settings.replica_timeout_ms
             )
-            if settings.replicas
-            else ScriptBatcher(self.client)
-        )
+        elif self.cluster is not None:  # one batcher per primary, calls routed by slot
+            self._batcher = ClusterScriptBatcher(self.cluster)
+        else:
+            self._batcher = ScriptBatcher(self.client)
         self._scripts = Scripts(self.client, self._batcher)
         self.use_keys(Keys(settings.namespace, settings.shards))
         self._loop: asyncio.AbstractEventLoop | None = None

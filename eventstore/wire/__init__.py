@@ -7,5 +7,6 @@ typed class. :mod:`.batching` groups the script calls of one event-loop turn int
 round trip, :mod:`.exchange` sends them on one connection and :mod:`.pipe` reads the
 replies; :mod:`.replies` decodes reply values. :mod:`.deadlines` bounds each await with
 one shared timer, :mod:`.replication` makes an append wait for its replicas, and
-:mod:`.cluster` is the client a store uses on a Redis Cluster.
+:mod:`.cluster` is the client a store uses on a Redis Cluster, where
+:mod:`.cluster_batching` runs one batcher per primary and routes each call by its slot.
 """

@@ -34,8 +34,13 @@ as redis-py retries a pipeline: the connection is dropped and the whole pipeline
 again. That is only safe for idempotent scripts, which the store's are (by event id: a
 re-sent event is answered "applied").
 
-Redis Cluster clients are not batched: a cluster pipeline splits by node and retries
-per node, so :class:`ScriptBatcher` sends each call on its own there.
+On a Redis Cluster, :class:`~eventstore.wire.cluster_batching.ClusterScriptBatcher` runs
+one :class:`ScriptBatcher` per primary, each over that node's own connections (its
+``pool``), and routes each call by its slot: every guarantee above holds per node, but
+for retries: a node's connections retry nothing, and the cluster batcher re-sends each
+call cut off or redirected, alone, on the node that owns its slot then. A cluster
+client given to :class:`ScriptBatcher` itself, with no ``pool``, is not batched:
+each call goes alone through redis-py's cluster routing.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable, Sequence
-from typing import Any, Final, cast
+from typing import Any, Final, Protocol, cast
 
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
@@ -71,6 +76,18 @@ _LOAD_MIN_BATCH: Final = 4
 DEFAULT_MAX_LANES: Final = 8
 
 
+class ConnectionSource(Protocol):
+    """Where a batcher takes its connections from: a client's pool, or one cluster node's."""
+
+    async def get_connection(self) -> Connection:
+        """A connection for one lane (maybe not connected yet: the first send connects it)."""
+        ...
+
+    async def release(self, connection: Connection) -> None:
+        """Take ``connection`` back."""
+        ...
+
+
 async def call_script(script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]) -> Any:
     """Run ``script`` on its own client, unbatched (the signature of :meth:`ScriptBatcher.call`)."""
     return await script(keys=keys, args=args)
@@ -83,10 +100,13 @@ class ScriptBatcher:
     connection error is sent again whole).
 
     Args:
-        client: the asyncio client; a cluster client is not batched (see module doc).
+        client: the asyncio client; a cluster client is not batched unless ``pool`` is
+            given (see module doc).
         max_batch: commands per pipeline, at most; None (the default) sizes each pipeline
             by the calls outstanding, up to ``DEFAULT_MAX_BATCH`` (see the module doc).
         max_lanes: most pipelines in flight at once, each on its own pooled connection.
+        pool: where the lanes take their connections (default: the client's pool); one
+            cluster node's, for the cluster batcher's per-node batchers.
 
     """
 
@@ -96,6 +116,7 @@ class ScriptBatcher:
         *,
         max_batch: int | None = None,
         max_lanes: int = DEFAULT_MAX_LANES,
+        pool: ConnectionSource | None = None,
     ) -> None:
         if (max_batch is not None and max_batch < 1) or max_lanes < 1:
             raise InvalidArgument("max_batch and max_lanes must be at least 1")
@@ -104,7 +125,7 @@ class ScriptBatcher:
         self._max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
         self._sending = 0  # calls in pipelines written and not yet answered
         self._max_lanes = max_lanes
-        self._enabled = isinstance(client, Redis)
+        self._enabled = pool is not None or isinstance(client, Redis)
         self._queue: deque[Call] = deque()
         self._flush_scheduled = False
         self._lanes = 0
@@ -115,7 +136,9 @@ class ScriptBatcher:
         # than the pool has beyond a full set of lanes, so the store's other commands
         # always find connections.
         self._idle: list[Connection] = []
-        pool = getattr(client, "connection_pool", None)  # a cluster client has none
+        if pool is None:
+            pool = getattr(client, "connection_pool", None)  # a cluster client has none
+        self._pool: Any = pool
         pool_size = int(getattr(pool, "max_connections", 0) or 0)
         self._keep = max(0, min(max_lanes, pool_size - max_lanes))
         self._limit_s: float | None = None
@@ -249,7 +272,7 @@ class ScriptBatcher:
         connection.socket_timeout = self._limit_s
         if not release_pipe(connection):  # replies still due: it cannot be read as before
             await connection.disconnect(nowait=True)
-        await self._client.connection_pool.release(connection)
+        await self._pool.release(connection)
 
     def _flush(self) -> None:
         self._flush_scheduled = False
@@ -328,8 +351,7 @@ class ScriptBatcher:
 
     async def _connection(self) -> Connection:
         """A connection from the pool, its socket timeout taken over by the batcher."""
-        pool: Any = self._client.connection_pool
-        connection = cast(Connection, await pool.get_connection())
+        connection = cast(Connection, await self._pool.get_connection())
         # The batcher bounds each exchange, writes and reads together, with one timer of
         # this length; with its own timeout set, redis-py would wrap every write in a task
         # of its own (wait_for) and every read in a timer.

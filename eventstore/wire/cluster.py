@@ -29,7 +29,8 @@ client that follows redirects. redis-py's ``RedisCluster`` follows MOVED and ASK
 * **Bursts wait for a connection.** redis-py's asyncio cluster pool raises
   ``MaxConnectionsError`` instead of waiting; here at most ``max_connections`` commands
   are in flight per client, so a burst queues as it does on a single server. Pipelines
-  (at most one connection per node each) have a reserve of their own.
+  (at most one connection per node each) have a reserve of their own, and so have the
+  store's script batcher's lanes (:mod:`eventstore.wire.cluster_batching`), per node.
 
 ``Store.client`` stays typed as :class:`redis.asyncio.Redis`: the commands the store
 issues exist with the same signatures on ``RedisCluster``, so one type keeps every call
@@ -55,6 +56,7 @@ from redis.typing import EncodableT
 
 from eventstore.errors import InvalidArgument
 from eventstore.logs import get_logger
+from eventstore.wire.batching import DEFAULT_MAX_LANES
 
 log = get_logger("canon.cluster")
 
@@ -202,7 +204,7 @@ def cluster_client(
         socket_connect_timeout=timeout_s,
         retry=Retry(ExponentialBackoff(cap=0.25, base=0.01), 3),
         retry_on_error=[RedisConnectionError, RedisTimeoutError],
-        max_connections=max_connections + PIPELINE_RESERVE,
+        max_connections=max_connections + PIPELINE_RESERVE + DEFAULT_MAX_LANES,
         max_in_flight=max_connections,
         reinitialize_steps=0,
         decode_responses=False,

@@ -38,6 +38,8 @@ class BatchStats:
         resends: batches sent again whole after a connection error or a timeout.
         reloads: scripts loaded again after the server answered NOSCRIPT.
         largest_batch: the most calls one round trip carried.
+        redirects: calls sent again after MOVED, ASK, TRYAGAIN or a connection error, on
+            a cluster (:mod:`eventstore.wire.cluster_batching`).
 
     """
 
@@ -46,6 +48,7 @@ class BatchStats:
     resends: int = 0
     reloads: int = 0
     largest_batch: int = 0
+    redirects: int = 0
 
 
 @dataclass(slots=True)

@@ -24,6 +24,7 @@ from eventstore.errors import (
     store_error,
 )
 from eventstore.wire.batching import ScriptBatcher, call_script
+from eventstore.wire.cluster_batching import ClusterScriptBatcher
 from eventstore.wire.lua import (
     FIELD_VALUE,
     KeysAndArgs,
@@ -371,7 +372,9 @@ class Scripts:
     registry's scripts are sent alone.
     """
 
-    def __init__(self, client: Redis, batcher: ScriptBatcher | None = None) -> None:
+    def __init__(
+        self, client: Redis, batcher: ScriptBatcher | ClusterScriptBatcher | None = None
+    ) -> None:
         writes: ScriptCall = batcher.call if batcher is not None else call_script
         self.create = CreateScript(client, FOLDER, writes)
         self.append = AppendScript(client, FOLDER, writes)

@@ -1,8 +1,9 @@
 """Auto-pipelining: concurrent script calls share round trips, each caller gets its own reply.
 
-On the cluster only the tests that hold for any client run: a cluster client is not
-batched (a cluster pipeline splits by node), so there they show that the same concurrent
-calls, sent one by one, keep each invocation's event order and refuse only the duplicate.
+On the cluster only the tests that hold for any client run: there the store has one
+batcher per master (tests/cluster/test_cluster_batching.py counts its pipelines), and
+they show that the same concurrent calls keep each invocation's event order and refuse
+only the duplicate.
 """
 
 from __future__ import annotations
@@ -30,7 +31,7 @@ from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields, wait_until
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
-_NOT_BATCHED = "asserts pipelines and round trips; a cluster client is not batched"
+_NOT_BATCHED = "asserts one server's pipelines and round trips (one batcher per master there)"
 _OWN_SERVER = "runs a single server of its own (script flush, killed connections, shutdown)"
 
 PUSH = "return redis.call('RPUSH', KEYS[1], ARGV[1])"

@@ -1,0 +1,147 @@
+"""Client and Redis CPU per Writer invocation on a 3-master cluster and on a single server.
+
+``python scripts/cluster_write_bench.py [--rounds 6] [--invocations 3000] [--tasks 64]
+[--tree DIR ...]`` starts one private cluster and one private single server, then takes
+turns (a rotating order, one fresh process per measurement) between every tree given
+(default: this one; pass an older checkout, e.g. from ``git archive``, to compare) and
+both backends. Each measurement opens a store in a fresh namespace with 16 runs, warms
+up, and times ``--invocations`` lifecycles (create, start_projecting, complete) made by
+``--tasks`` tasks: client CPU (``time.process_time``) and Redis CPU (``used_cpu_user +
+used_cpu_sys`` summed over the masters) per invocation, invocations/s, and script calls
+per round trip. It prints each measurement, then the median (min, max) of each. A
+measurement, not a test (docs/perf-log/2026-12-cluster-pipelining.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import json
+import os
+import pathlib
+import secrets
+import statistics
+import subprocess
+import sys
+import time
+from datetime import timedelta
+from typing import Any
+
+_ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _redis_cpu_s(ports: list[int]) -> float:
+    from redis import Redis as SyncRedis
+
+    total = 0.0
+    for port in ports:
+        with SyncRedis(port=port) as client:
+            info: dict[str, Any] = client.info("cpu")
+        total += float(info["used_cpu_user"]) + float(info["used_cpu_sys"])
+    return total
+
+
+async def _measure(url: str, ports: list[int], invocations: int, tasks: int) -> dict[str, float]:
+    from eventstore.store import Store
+    from machine.codes import EvidenceStatus
+    from tests.helpers import RAW, REQUEST, RESULT, TOOL
+
+    store = Store.from_url(url, namespace="b" + secrets.token_hex(4))
+    async with store:
+        runs = [f"run-{i}" for i in range(16)]
+        for run_id in runs:
+            await store.open_run(run_id, deadline=timedelta(minutes=30), tools={TOOL: None})
+        writer = store.writer
+
+        async def lifecycles(task: int, count: int, tag: str) -> None:
+            for i in range(count):
+                head = await writer.create(
+                    runs[(task + i) % 16], f"{tag}-{task}-{i}", TOOL, REQUEST
+                )
+                head = await writer.start_projecting(head, RAW)
+                await writer.complete(head, RESULT, EvidenceStatus.EVIDENCE_FOUND, "scope")
+
+        await asyncio.gather(*(lifecycles(k, 300 // tasks + 1, "warm") for k in range(tasks)))
+        gc.collect()
+        stats = store.batch_stats
+        calls, round_trips = stats.calls, stats.round_trips
+        redis_before = _redis_cpu_s(ports)
+        cpu, wall = time.process_time(), time.perf_counter()
+        await asyncio.gather(*(lifecycles(k, invocations // tasks, "m") for k in range(tasks)))
+        cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+        redis_s = _redis_cpu_s(ports) - redis_before
+        done = invocations // tasks * tasks
+        sent = stats.round_trips - round_trips
+        return {
+            "client_us": cpu / done * 1e6,
+            "redis_us": redis_s / done * 1e6,
+            "per_s": done / wall,
+            "calls_per_round_trip": (stats.calls - calls) / sent if sent else 1.0,
+        }
+
+
+def _measure_in(
+    tree: str, url: str, ports: list[int], args: argparse.Namespace
+) -> dict[str, float]:
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--measure", url]
+    command += ["--ports", ",".join(map(str, ports)), "--invocations", str(args.invocations)]
+    command += ["--tasks", str(args.tasks)]
+    out = subprocess.run(
+        command, env={**os.environ, "PYTHONPATH": tree}, cwd=tree, capture_output=True, text=True
+    )
+    if out.returncode:
+        raise SystemExit(out.stderr[-3000:])
+    result: dict[str, float] = json.loads(out.stdout.strip().splitlines()[-1])
+    return result
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run the comparison (or, with ``--measure URL``, one measurement); 0 when done."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=6)
+    parser.add_argument("--invocations", type=int, default=3000)
+    parser.add_argument("--tasks", type=int, default=64)
+    parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable)")
+    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--ports", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        ports = [int(port) for port in args.ports.split(",")]
+        result = asyncio.run(_measure(args.measure, ports, args.invocations, args.tasks))
+        print(json.dumps(result))
+        return 0
+    from eventstore.server.binaries import choose_redis_server
+    from eventstore.server.embedded import EmbeddedRedis
+    from eventstore.server.embedded_cluster import EmbeddedCluster
+
+    trees = args.tree or [str(_ROOT)]
+    binary = choose_redis_server(minimum=(7, 0, 0))
+    results: dict[tuple[str, str], list[dict[str, float]]] = {}
+    with EmbeddedCluster(binary) as cluster, EmbeddedRedis(binary) as single:
+        backends = {
+            "cluster": (cluster.url + "?cluster=1", [node.port for node in cluster.nodes]),
+            "single": (single.url, [int(single.url.rsplit(":", 1)[1].split("/")[0])]),
+        }
+        order = [(tree, backend) for tree in trees for backend in backends]
+        for round_no in range(args.rounds):
+            shift = round_no % len(order)
+            for tree, backend in order[shift:] + order[:shift]:
+                url, ports = backends[backend]
+                result = _measure_in(tree, url, ports, args)
+                results.setdefault((tree, backend), []).append(result)
+                shown = {name: round(value, 1) for name, value in result.items()}
+                print(round_no, tree, backend, shown, flush=True)
+    for (tree, backend), measured in results.items():
+        summary = {
+            name: tuple(
+                round(f([m[name] for m in measured]), 1) for f in (statistics.median, min, max)
+            )
+            for name in measured[0]
+        }
+        print("median (min, max)", tree, backend, summary)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
