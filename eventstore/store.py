@@ -272,8 +272,9 @@ class Store:
         with this store's shard count, in the current layout).
 
         Raises:
-            NamespaceMismatch: the namespace already exists with a different shard count,
-                or with a key layout this version does not know.
+            NamespaceMismatch: the namespace already exists with a different shard count
+                (a shard count never changes: no key is remapped), or with a key layout
+                this version does not know.
             AccessDenied: the ACL user may not read (or, writing, record) the metadata.
 
         """
@@ -293,8 +294,12 @@ class Store:
         if stored is None:
             return  # read-only, and no writer created the namespace yet
         if int(stored) != self.keys.shards:
+            # Never remapped: every key of the namespace is named by its shard count.
             raise NamespaceMismatch(
-                f"namespace has {int(stored)} shards; this store was built with {self.keys.shards}"
+                f"namespace {self.keys.namespace!r} has {int(stored)} shards; this store was"
+                f" built with {self.keys.shards}. A namespace keeps the shard count it was"
+                f" created with: open it with shards={int(stored)} (canon: --shards"
+                f" {int(stored)}, or CANON_SHARDS), or create another namespace"
             )
         keys = namespace_keys(self.keys, layout)
         if keys != self.keys:
