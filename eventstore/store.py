@@ -49,6 +49,10 @@ from machine.ids import is_run_id
 
 __all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
 
+#: Connections (on a cluster, commands in flight) of a store built by ``from_url``; a
+#: cluster store adds two per shard for the projection workers' blocking reads.
+DEFAULT_MAX_CONNECTIONS = 64
+
 
 def namespace_keys(keys: Keys, layout: bytes | None) -> Keys:
     """Return ``keys`` in the layout a namespace's metadata names (None: the legacy one).
@@ -160,7 +164,7 @@ class Store:
         url: str,
         settings: StoreSettings | None = None,
         *,
-        max_connections: int = 64,
+        max_connections: int | None = None,
         cluster: bool = False,
         **options: Unpack[StoreOptions],
     ) -> Store:
@@ -175,7 +179,10 @@ class Store:
         times with backoff, which is safe because every write is idempotent by event id.
         With ``cluster`` (or ``?cluster=1`` in the URL), ``url`` names any node of a
         Redis Cluster; the other nodes are discovered from it. At most
-        ``max_connections`` connections are open at once.
+        ``max_connections`` connections are open at once (commands in flight on a
+        cluster); by default 64, and on a cluster two more per shard: there a
+        projection worker holds a blocking read per shard (a command cannot span the
+        feeds' slots), and ``canon workers`` runs two on one store.
 
         ``durability`` (``warn``, ``strict`` or ``off``) decides what entering the store
         does about a server that could lose or evict records (see
@@ -192,6 +199,8 @@ class Store:
         url, cluster_in_url = split_cluster_parameter(url)
         client: Redis | RedisCluster
         if cluster or cluster_in_url:
+            if max_connections is None:
+                max_connections = DEFAULT_MAX_CONNECTIONS + 2 * settings.shards
             client = cluster_client(url, timeout_s=timeout_s, max_connections=max_connections)
         else:
             # A blocking pool makes a burst beyond max_connections wait (up to timeout_s)
@@ -203,7 +212,7 @@ class Store:
                 socket_connect_timeout=timeout_s,
                 retry=Retry(ExponentialBackoff(cap=0.25, base=0.01), 3),
                 retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                max_connections=max_connections,
+                max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
                 decode_responses=False,
             )
             client = Redis.from_pool(pool)

@@ -6,6 +6,8 @@ import argparse
 import asyncio
 import collections
 import os
+import statistics
+import time
 from datetime import timedelta
 from typing import Any
 
@@ -19,10 +21,12 @@ from eventstore.errors import InvalidArgument, NamespaceMismatch
 from eventstore.wire.cluster import ClusterClient, cluster_client, split_cluster_parameter
 from eventstore.wire.keys import shard_of
 from machine.ids import invocation_id
+from projections import ProgressWorker, ReceiptWorker
 from tests.cluster.harness import ClusterSetupError, LocalCluster, redis_cli
 from tests.conftest import embedded_binary
 from tests.support.calls import envelope, open_run, outcome
 from tests.support.tools import FakeTool
+from tests.support.waiting import wait_for
 
 #: Cluster-only: the store fixtures (``store``, ``make_store``, ``redis``) are the cluster's.
 pytestmark = pytest.mark.backends("cluster")
@@ -294,3 +298,33 @@ async def test_each_master_holds_an_equal_share_of_a_default_namespace(
     held = [len(node.keys(f"{namespace}:*:inv:*")) for node in redis_cluster.nodes]
     assert sum(held) == len(runs)
     assert max(held) / len(runs) <= 1 / 3 + 0.05, held
+
+
+async def test_two_workers_on_one_default_cluster_store_keep_up_with_48_shards(
+    make_store: Any,
+):
+    """On a cluster each worker holds a blocking read per shard: a default store leaves room
+    for both projections' 2 x 48 reads beside its own commands, so a receipt follows its
+    call in milliseconds, not after other lanes' blocks (about 2 s with 64 in flight)."""
+    store: Store = make_store()
+    assert isinstance(store.cluster, ClusterClient)
+    assert store.cluster.max_in_flight == 64 + 2 * store.keys.shards
+    async with store:
+        workers = [ReceiptWorker(store, consumer="w"), ProgressWorker(store, consumer="w")]
+        tasks = [asyncio.create_task(worker.run()) for worker in workers]
+        boundary = ToolBoundary(store, {"search": FakeTool().spec()})
+        await asyncio.sleep(1.5)  # every lane is blocked in its read
+        waited = []
+        for i in range(8):
+            run_id = f"run-{i}"
+            await open_run(store, run_id)
+            started = time.monotonic()
+            reply = await boundary.invoke(RunContext(run_id), envelope("call-1", run_id=run_id))
+            assert outcome(reply) == "READY"
+            receipt = store.keys.receipt(run_id, invocation_id(run_id, "call-1"))
+            await wait_for(lambda key=receipt: store.client.exists(key))
+            waited.append(time.monotonic() - started)
+        for worker in workers:
+            worker.stop()
+        await asyncio.gather(*tasks)
+    assert statistics.median(waited) < 0.5, waited
