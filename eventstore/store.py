@@ -50,6 +50,10 @@ from machine.ids import is_run_id
 
 __all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
 
+#: Connections (on a cluster, commands in flight) of a store built by ``from_url``; a
+#: cluster store adds two per shard for the projection workers' blocking reads.
+DEFAULT_MAX_CONNECTIONS = 64
+
 
 def namespace_keys(keys: Keys, layout: bytes | None) -> Keys:
     """Return ``keys`` in the layout a namespace's metadata names (None: the legacy one).
@@ -163,7 +167,7 @@ class Store:
         url: str,
         settings: StoreSettings | None = None,
         *,
-        max_connections: int = 64,
+        max_connections: int | None = None,
         cluster: bool = False,
         **options: Unpack[StoreOptions],
     ) -> Store:
@@ -178,7 +182,10 @@ class Store:
         times with backoff, which is safe because every write is idempotent by event id.
         With ``cluster`` (or ``?cluster=1`` in the URL), ``url`` names any node of a
         Redis Cluster; the other nodes are discovered from it. At most
-        ``max_connections`` connections are open at once.
+        ``max_connections`` connections are open at once (commands in flight on a
+        cluster); by default 64, and on a cluster two more per shard: there a
+        projection worker holds a blocking read per shard (a command cannot span the
+        feeds' slots), and ``canon workers`` runs two on one store.
 
         ``durability`` (``warn``, ``strict`` or ``off``) decides what entering the store
         does about a server that could lose or evict records (see
@@ -195,6 +202,8 @@ class Store:
         url, cluster_in_url = split_cluster_parameter(url)
         client: Redis | RedisCluster
         if cluster or cluster_in_url:
+            if max_connections is None:
+                max_connections = DEFAULT_MAX_CONNECTIONS + 2 * settings.shards
             client = cluster_client(url, timeout_s=timeout_s, max_connections=max_connections)
         else:
             # A blocking pool makes a burst beyond max_connections wait (up to timeout_s)
@@ -206,7 +215,7 @@ class Store:
                 socket_connect_timeout=timeout_s,
                 retry=Retry(ExponentialBackoff(cap=0.25, base=0.01), 3),
                 retry_on_error=[RedisConnectionError, RedisTimeoutError],
-                max_connections=max_connections,
+                max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
                 decode_responses=False,
             )
             client = Redis.from_pool(pool)
@@ -275,8 +284,9 @@ class Store:
         with this store's shard count, in the current layout).
 
         Raises:
-            NamespaceMismatch: the namespace already exists with a different shard count,
-                or with a key layout this version does not know.
+            NamespaceMismatch: the namespace already exists with a different shard count
+                (a shard count never changes: no key is remapped), or with a key layout
+                this version does not know.
             AccessDenied: the ACL user may not read (or, writing, record) the metadata.
 
         """
@@ -296,8 +306,12 @@ class Store:
         if stored is None:
             return  # read-only, and no writer created the namespace yet
         if int(stored) != self.keys.shards:
+            # Never remapped: every key of the namespace is named by its shard count.
             raise NamespaceMismatch(
-                f"namespace has {int(stored)} shards; this store was built with {self.keys.shards}"
+                f"namespace {self.keys.namespace!r} has {int(stored)} shards; this store was"
+                f" built with {self.keys.shards}. A namespace keeps the shard count it was"
+                f" created with: open it with shards={int(stored)} (canon: --shards"
+                f" {int(stored)}, or CANON_SHARDS), or create another namespace"
             )
         keys = namespace_keys(self.keys, layout)
         if keys != self.keys:

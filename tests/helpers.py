@@ -11,6 +11,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus, Stage
@@ -148,16 +149,26 @@ async def open_store(
         yield store
 
 
-async def commandstats(client: Redis) -> dict[str, int]:
-    """Return calls per command from ``INFO commandstats`` (lowercase names)."""
-    info: dict[str, Any] = await client.info("commandstats")
+async def commandstats(client: Redis | RedisCluster) -> dict[str, int]:
+    """Return calls per command from ``INFO commandstats`` (lowercase names).
+
+    On a cluster, summed over every primary: which one holds a run's keys depends on its
+    shard's slot, not on which node INFO happens to reach.
+    """
+    if isinstance(client, RedisCluster):
+        per_node = await client.info("commandstats", target_nodes=RedisCluster.PRIMARIES)
+        infos = list(cast(dict[str, Any], per_node).values())
+    else:
+        infos = [await client.info("commandstats")]
     calls: dict[str, int] = {}
-    for name, stats in info.items():
-        command = name.removeprefix("cmdstat_")
-        if isinstance(stats, dict):
-            calls[command] = int(stats["calls"])
-        else:  # older clients leave the value as "calls=1,usec=..."
-            calls[command] = int(str(stats).split(",")[0].split("=")[1])
+    for info in infos:
+        for name, stats in cast(dict[str, Any], info).items():
+            command = name.removeprefix("cmdstat_")
+            if isinstance(stats, dict):
+                count = int(stats["calls"])
+            else:  # older clients leave the value as "calls=1,usec=..."
+                count = int(str(stats).split(",")[0].split("=")[1])
+            calls[command] = calls.get(command, 0) + count
     return calls
 
 

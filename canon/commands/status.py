@@ -32,7 +32,7 @@ def print_status(console: Console, status: NamespaceStatus) -> None:
     """Print the health figures for a human.
 
     Consumer groups with nothing pending and no lag say nothing: one line counts them
-    instead of a row each (16 shards make 32 such rows). ``--json`` keeps every row.
+    instead of a row each (48 shards make 96 such rows). ``--json`` keeps every row.
     """
     console.print(f"namespace {status.namespace} · {status.shards} shards")
     records = Table(title="records by status", title_justify="left")

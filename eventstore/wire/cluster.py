@@ -78,6 +78,7 @@ class ClusterClient(RedisCluster):
         redirect_budget_s: how long one command keeps retrying TRYAGAIN (and redirect
             chains redis-py gave up on) before the error is raised.
         commands_retried: how many times a command was sent again after such an answer.
+        max_in_flight: how many commands may be in flight at once; the others wait.
 
     """
 
@@ -91,6 +92,7 @@ class ClusterClient(RedisCluster):
         super().__init__(*args, **kwargs)
         self.redirect_budget_s = redirect_budget_s
         self.commands_retried = 0
+        self.max_in_flight = max_in_flight
         self._commands = asyncio.Semaphore(max_in_flight)
         self._pipelines = asyncio.Semaphore(PIPELINE_RESERVE)
         self.commands_parser = _CommandTable()

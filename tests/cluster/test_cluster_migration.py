@@ -35,8 +35,10 @@ LANES = 3
 PREFILL = 6
 #: Calls each lane still makes after the move, through clients whose slot table is stale.
 AFTER_MOVE = 3
-#: Shards of the test's namespace. No other test uses more than the default 16, so the
-#: tags ``{s16}`` ... ``{s31}`` are this test's alone: the moved slot holds only its keys.
+#: Shards of the test's namespace. No other test uses 32, so the tags of its shards 16 to
+#: 31 (``{s16.<suffix>}`` ..., see ``balanced_tags``) are this test's alone: the moved
+#: slot holds only its keys (a slot shared by chance with another test's tag would only
+#: move more keys).
 SHARDS = 32
 PRIVATE_SHARDS = range(16, SHARDS)
 #: Keys per MIGRATE while the busy slot moves: one, so the move spans many round trips.
@@ -218,7 +220,8 @@ async def test_live_slot_migration_loses_and_duplicates_nothing(
         # untagged metadata key have been in one of those slots.
         await store.check_namespace()
     assert redis_cluster.slots_of(source)[0] == slot
-    filler = [f"{namespace}-filler:{{s{shard:02d}}}:{i}" for i in range(FILLER)]
+    tag = store.keys.tag(shard).split(":", 1)[1]  # the shard's hash tag, in its slot
+    filler = [f"{namespace}-filler:{tag}:{i}" for i in range(FILLER)]
     source.command("MSET", *(part for key in filler for part in (key, "x")))
     runs = runs_in_shard(shard, store.keys.shards, RUNS)
     for run_id in runs:

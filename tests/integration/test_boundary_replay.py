@@ -25,6 +25,7 @@ from eventstore.errors import InvalidArgument
 from machine.codes import ErrorCode, Status
 from machine.ids import invocation_id
 from tests.conftest import SpawnModule
+from tests.helpers import commandstats
 from tests.support import first_call_process
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run
 from tests.support.tools import FakeTool
@@ -36,9 +37,8 @@ EXPIRY_COMMANDS = ("expire", "pexpire", "expireat", "pexpireat", "persist", "get
 
 
 async def command_calls(redis: Redis, command: str) -> int:
-    """How often the server has run ``command`` (INFO commandstats)."""
-    stats = await redis.info("commandstats")
-    return int(stats.get(f"cmdstat_{command}", {}).get("calls", 0))
+    """How often the server (every primary of a cluster) has run ``command``."""
+    return (await commandstats(redis)).get(command, 0)
 
 
 async def used_total(store: Store) -> int:

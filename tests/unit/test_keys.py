@@ -8,7 +8,13 @@ import pytest
 from redis.crc import key_slot
 
 from eventstore.errors import InvalidArgument
-from eventstore.wire.keys import LEGACY_LAYOUT, InvocationKey, Keys, split_identity
+from eventstore.wire.keys import (
+    LEGACY_LAYOUT,
+    PLAIN_TAG_LAYOUT,
+    InvocationKey,
+    Keys,
+    split_identity,
+)
 from machine.ids import MAX_ID_LENGTH, invocation_id
 from tests.support.provider_ids import ACCEPTED, REFUSED
 
@@ -116,7 +122,7 @@ def test_the_legacy_layout_appends_ev_and_holds_no_colon() -> None:
     """In the legacy layout the stream is the record key plus ':ev'; a call id with ':'
     (which could end in ':ev') is refused there, every other accepted id is not."""
     record = LEGACY.record("run-1", "call-1")
-    assert record == KEYS.record("run-1", "call-1")
+    assert record == Keys("ns", 4, PLAIN_TAG_LAYOUT).record("run-1", "call-1")
     assert LEGACY.stream("run-1", "call-1") == f"{record}:ev"
     assert LEGACY.invocation("run-1", "call-1").stream == f"{record}:ev"
     assert LEGACY.parse_invocation_key(f"{record}:ev") == InvocationKey(
