@@ -68,11 +68,13 @@ def add_connection_args(
         default=os.environ.get("CANON_NAMESPACE", DEFAULT_NAMESPACE),
         help="key namespace (default: $CANON_NAMESPACE or %(default)s)",
     )
+    shards = os.environ.get("CANON_SHARDS")
     group.add_argument(
         "--shards",
         type=positive,
-        default=int(os.environ.get("CANON_SHARDS", DEFAULT_SHARDS)),
-        help="shard count of the namespace (default: %(default)s)",
+        default=int(shards) if shards else None,
+        help="shard count of the namespace (default: $CANON_SHARDS, else the namespace's own "
+        f"count, and {DEFAULT_SHARDS} for a new namespace)",
     )
     if writes:
         group.add_argument(

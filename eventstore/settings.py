@@ -37,7 +37,10 @@ class StoreSettings:
 
     Attributes:
         namespace: key namespace (a safe id of at most 32 characters).
-        shards: shard count of the namespace (fixed once the namespace exists).
+        shards: shard count of the namespace, fixed once the namespace exists. None (the
+            default): an existing namespace's recorded count, adopted on entering the
+            store; :data:`~eventstore.wire.keys.DEFAULT_SHARDS` for a new one. A count
+            given that differs from the recorded one is refused, never remapped.
         ttl: record TTL of new records, set once at creation, never extended.
         limits: byte limits of requests, responses, results and facts.
         timeout_s: bound of every Redis command (and of waiting for a connection).
@@ -62,7 +65,7 @@ class StoreSettings:
     """
 
     namespace: str = DEFAULT_NAMESPACE
-    shards: int = DEFAULT_SHARDS
+    shards: int | None = None
     ttl: timedelta = DEFAULT_TTL
     limits: Limits = field(default_factory=Limits)
     timeout_s: float = 2.0
@@ -78,6 +81,11 @@ class StoreSettings:
             raise InvalidArgument("ttl must be positive")
         if type(self.refusals_kept) is not int or self.refusals_kept < 1:
             raise InvalidArgument("refusals_kept must be a whole number of at least 1")
+
+    @property
+    def shard_count(self) -> int:
+        """The shard count a new namespace gets (the one given, else the default)."""
+        return DEFAULT_SHARDS if self.shards is None else self.shards
 
     @property
     def ttl_ms(self) -> int:
@@ -107,7 +115,7 @@ class StoreOptions(TypedDict, total=False):
     """
 
     namespace: str
-    shards: int
+    shards: int | None
     ttl: timedelta
     limits: Limits | None
     timeout_s: float

@@ -138,7 +138,7 @@ class Store:
         else:
             self._batcher = ScriptBatcher(self.client)
         self._scripts = Scripts(self.client, self._batcher)
-        self.use_keys(Keys(settings.namespace, settings.shards))
+        self.use_keys(Keys(settings.namespace, settings.shard_count))
         self._loop: asyncio.AbstractEventLoop | None = None
 
     def use_keys(self, keys: Keys) -> None:
@@ -203,7 +203,7 @@ class Store:
         client: Redis | RedisCluster
         if cluster or cluster_in_url:
             if max_connections is None:
-                max_connections = DEFAULT_MAX_CONNECTIONS + 2 * settings.shards
+                max_connections = DEFAULT_MAX_CONNECTIONS + 2 * settings.shard_count
             client = cluster_client(url, timeout_s=timeout_s, max_connections=max_connections)
         else:
             # A blocking pool makes a burst beyond max_connections wait (up to timeout_s)
@@ -277,6 +277,9 @@ class Store:
     async def check_namespace(self) -> None:
         """Record a new namespace's shard count and key layout, or adopt an existing one's.
 
+        An existing namespace's shard count is adopted when this store was given none
+        (``shards=None``, the default); one given that differs is refused.
+
         A namespace created here records :data:`~eventstore.wire.keys.LAYOUT`; one whose
         metadata names no layout was created before layouts were recorded and is read and
         written in :data:`~eventstore.wire.keys.LEGACY_LAYOUT` (:meth:`use_keys`). A read-only
@@ -305,6 +308,9 @@ class Store:
         stored, layout = cast(tuple[bytes | None, bytes | None], reply)
         if stored is None:
             return  # read-only, and no writer created the namespace yet
+        if int(stored) != self.keys.shards and self.settings.shards is None:
+            # Nobody asked for a count: the namespace's own is the one its keys are named by.
+            self.use_keys(Keys(self.keys.namespace, int(stored), self.keys.layout))
         if int(stored) != self.keys.shards:
             # Never remapped: every key of the namespace is named by its shard count.
             raise NamespaceMismatch(

@@ -25,13 +25,14 @@ from eventstore.wire.keys import DEFAULT_SHARDS, Keys
 
 @asynccontextmanager
 async def open_read_only(
-    url: str, *, namespace: str, shards: int = DEFAULT_SHARDS, cluster: bool = False
+    url: str, *, namespace: str, shards: int | None = None, cluster: bool = False
 ) -> AsyncIterator[Store]:
     """Yield a store on ``url`` that is only read; its shard count comes from the namespace.
 
     ``shards`` is used only when the namespace metadata cannot be read (nothing written
-    yet, or ``url`` is one primary of a cluster that does not hold it); the key layout is
-    then the current one. With ``cluster``, ``url`` names any node of a Redis Cluster.
+    yet, or ``url`` is one primary of a cluster that does not hold it; None: the default
+    count); the key layout is then the current one. With ``cluster``, ``url`` names any
+    node of a Redis Cluster.
 
     Raises:
         InvalidArgument: the namespace or shard count is not acceptable, or the URL is
@@ -40,6 +41,7 @@ async def open_read_only(
         StoreUnavailable: Redis cannot be reached.
 
     """
+    shards = DEFAULT_SHARDS if shards is None else shards
     try:
         Keys(namespace, shards)
     except ValueError as exc:

@@ -52,17 +52,21 @@ async def test_a_new_namespace_gets_48_shards_with_balanced_tags(
     assert await redis.hgetall(f"{namespace}:meta") == {b"layout": b"3", b"shards": b"48"}
 
 
-async def test_a_16_shard_namespace_refuses_the_new_default_and_keeps_its_plain_tags(
+async def test_a_16_shard_namespace_keeps_its_count_and_its_plain_tags(
     make_store: Any, redis: Redis, redis_url: str, namespace: str
 ) -> None:
-    """A layout 2 namespace of 16 shards: a default store (48) is refused with a message
-    naming both counts and the way out; with shards=16 it is written as before, in {sNN}."""
+    """A layout 2 namespace of 16 shards: a store given another count (48) is refused with
+    a message naming both counts and the way out; one given none adopts 16 on entering, and
+    one given 16 too: both write as before, in {sNN}."""
     meta = f"{namespace}:meta"
     await redis.hset(meta, mapping={"layout": PLAIN_TAG_LAYOUT, "shards": 16})
     with pytest.raises(NamespaceMismatch, match=r"has 16 shards; .* built with 48.*shards=16"):
-        async with make_store():
+        async with make_store(shards=48):
             pytest.fail("entered a 16-shard namespace with 48 shards")
     assert await redis.hgetall(meta) == {b"layout": b"2", b"shards": b"16"}
+
+    async with make_store() as store:  # no count given: the namespace's own
+        assert store.keys == Keys(namespace, 16, PLAIN_TAG_LAYOUT)
 
     async with make_store(shards=16) as store:
         assert store.keys == Keys(namespace, 16, PLAIN_TAG_LAYOUT)

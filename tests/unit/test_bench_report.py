@@ -13,6 +13,7 @@ from canon.bench.runner import _durability, _scale_out
 #: Index of each goal in GOALS (and in the printed lines).
 WRITER, BOUNDARY, P99, MINIMAL, EVERYSEC, REDIS_CPU, CLIENT_CPU, ALWAYS = range(8)
 FIXED, PAYLOAD, LAG, SCALE_CPU, SCALE_BYTES, CONSOLE = range(8, 14)
+CLUSTER_REDIS, CLUSTER_CLIENT, CLUSTER_SHARE, CURVE_3, CURVE_6 = range(14, 19)
 
 
 def _ratios(value: float) -> dict[str, float]:
@@ -45,9 +46,31 @@ def _report(
     lag: dict[str, Any] | None = None,
     scale: list[dict[str, Any]] | None = None,
     console_ms: float = 80.0,
+    cluster_redis: float = 1.15,
+    cluster_client: float = 1.3,
+    busiest_share: float = 1 / 3 + 0.05,
+    x_single_3: float = 2.7,
+    x_single_6: float = 5.4,
 ) -> dict[str, Any]:
     def minimal_at(tasks: str, rate: float) -> dict[str, Any]:
         return {"minimal_naive": {"boundary": {tasks: _cell(inv=rate)}}}
+
+    def site(client: float, server: float, shares: list[float]) -> dict[str, Any]:
+        return {
+            "client_cpu_us": _ratios(client),
+            "server_cpu_us": _ratios(server),
+            "master_shares": shares,
+        }
+
+    def curve(masters: int, x_single: float) -> dict[str, Any]:
+        return {
+            "masters": masters,
+            "measured": True,
+            "x_single": x_single,
+            "target_x_single": round(0.9 * masters, 2),
+        }
+
+    rest = (1 - busiest_share) / 2
 
     return {
         "ratios": {
@@ -72,6 +95,19 @@ def _report(
         "memory": {"recommended": {"fixed_bytes": fixed, "payload_ratio": payload}},
         "projection_lag": lag or {"measured": True, "p99_ms": 40.0},
         "scale": {"points": scale or []},
+        "scale_out": {
+            "measured": True,
+            "masters": 3,
+            "modes": {
+                "writer": {
+                    "single": site(200.0, 100.0, [1.0]),
+                    "cluster": site(
+                        200.0 * cluster_client, 100.0 * cluster_redis, [busiest_share, rest, rest]
+                    ),
+                }
+            },
+            "curve": [curve(1, 1.0), curve(3, x_single_3), curve(6, x_single_6)],
+        },
         "console": {
             "measured": True,
             "pages": {
@@ -88,7 +124,7 @@ def _status(report: dict[str, Any]) -> list[str]:
 
 def test_a_report_meeting_every_goal_passes_all_but_the_unmeasured_scale() -> None:
     """Goals at or inside their thresholds PASS; 1M stored is N/A without its run."""
-    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A", "PASS"]
+    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A", "PASS"] + ["PASS"] * 5
 
 
 def test_the_console_goal_judges_the_slowest_page_and_names_it() -> None:
@@ -206,7 +242,7 @@ def test_goal_lines_start_with_the_status() -> None:
 def test_every_goal_has_its_own_name() -> None:
     """The goal table names each goal once, so a printed line identifies its goal."""
     names = [goal.name for goal in GOALS]
-    assert len(names) == len(set(names)) == 14
+    assert len(names) == len(set(names)) == 19
 
 
 async def test_a_given_server_leaves_out_the_durability_columns_and_scale_out() -> None:
@@ -222,3 +258,36 @@ def test_spread_gives_min_median_max() -> None:
     """A spread is the min, median and max of its values (zeros when there are none)."""
     assert spread([3.0, 1.0, 2.0]) == {"min": 1.0, "median": 2.0, "max": 3.0}
     assert spread([]) == {"min": 0.0, "median": 0.0, "max": 0.0}
+
+
+@pytest.mark.parametrize(
+    ("field", "value", "index"),
+    [
+        ("cluster_redis", 1.16, CLUSTER_REDIS),
+        ("cluster_client", 1.31, CLUSTER_CLIENT),
+        ("busiest_share", 1 / 3 + 0.06, CLUSTER_SHARE),
+        ("x_single_3", 2.69, CURVE_3),
+        ("x_single_6", 5.39, CURVE_6),
+    ],
+)
+def test_each_cluster_goal_falls_short_just_past_its_threshold(
+    field: str, value: float, index: int
+) -> None:
+    """Summed Redis CPU 1.15 x, client CPU 1.3 x, the busiest share 1/N + 0.05 and 0.9 x N
+    the single server's capacity pass; a little past each, that goal alone is SHORT."""
+    statuses = _status(_report(**{field: value}))
+    assert statuses[index] == "SHORT", statuses
+    assert statuses.count("SHORT") == 1
+
+
+def test_the_cluster_goals_say_why_when_the_cluster_was_not_measured() -> None:
+    """Without a cluster (a 6.2 server, --redis-url) every cluster goal is N/A with the
+    reason; a quick run's missing 6-master point is N/A with its own."""
+    report = _report()
+    report["scale_out"] = {"measured": False, "reason": "needs a Redis 7 redis-server"}
+    goals = evaluate_goals(report)
+    for index in (CLUSTER_REDIS, CLUSTER_CLIENT, CLUSTER_SHARE, CURVE_3, CURVE_6):
+        assert goals[index]["status"] == "N/A" and "Redis 7" in goals[index]["note"]
+    report = _report()
+    report["scale_out"]["curve"][2] = {"masters": 6, "measured": False, "reason": "full run only"}
+    assert evaluate_goals(report)[CURVE_6]["note"] == "full run only"
