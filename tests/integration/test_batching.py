@@ -27,7 +27,7 @@ from eventstore.wire.batching import DEFAULT_MAX_BATCH, ScriptBatcher
 from eventstore.wire.exchange import send_batch
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
-from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields, wait_until
+from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -278,8 +278,15 @@ async def test_a_caller_cancelled_in_flight_leaves_the_others_answered(
     key = f"{namespace}:flight"
     tasks = [spawn(batcher.call(push, [key], [i])) for i in range(6)]
     # Until the batch has been taken for sending (however long a connection takes on a
-    # busy machine). The reply cannot have been read yet: that takes another loop turn.
-    await wait_until(lambda: batcher.stats.round_trips > 0)
+    # busy machine). Polled by yielding only, never sleeping: the check then runs in the
+    # loop turn after the send, before the reply can be read (its read callback, then
+    # its reader's wake-up, come in later turns). A poll that slept 5 ms could see the
+    # whole round trip done.
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + 30
+    while batcher.stats.round_trips == 0:
+        assert loop.time() < deadline, "the batch was never sent"
+        await asyncio.sleep(0)
     assert batcher.stats.round_trips == 1 and not tasks[0].done()
     tasks[0].cancel()
     results = await asyncio.gather(*tasks, return_exceptions=True)
