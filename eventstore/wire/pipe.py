@@ -166,9 +166,18 @@ class Pipe(asyncio.Protocol):
         """Fail every exchange still waiting; let the stream protocol see the close too.
 
         redis-py's ``disconnect`` waits for its stream protocol to learn of the close.
+        That protocol keeps the error in a close future, which it marks retrieved only
+        when it is itself collected; but the error's traceback reaches, through its
+        frames, the objects that wrote the failed command, and so the protocol and its
+        future, and a garbage collection of that cycle may finalize the future first,
+        which then reports an exception never retrieved. The pipe, which learned of the
+        loss for it, marks it retrieved at once (whoever awaits the close still gets it).
         """
         self._fail(RedisConnectionError("Connection closed by server."))
         self._stream_protocol.connection_lost(exc)
+        closed = getattr(self._stream_protocol, "_closed", None)
+        if isinstance(closed, asyncio.Future) and closed.done() and not closed.cancelled():
+            closed.exception()
 
     def _drop(self, error: Exception) -> None:
         self._fail(error)

@@ -12,8 +12,9 @@ import httpx
 import pytest
 
 from eventstore.store import Store
-from tests.integration.test_http_serve import free_port, spawn, until
+from tests.integration.test_http_serve import spawn, until
 from tests.support.console_run import DETAIL, OPERATOR_TOKEN, RUN, failed_invocation, populate
+from tests.support.ports import free_port
 
 __all__ = ["spawn"]  # the fixture, used by name
 

@@ -19,9 +19,9 @@ from selenium import webdriver
 from selenium.webdriver.common.by import By
 from selenium.webdriver.support.ui import WebDriverWait
 
-from eventstore.server.loopback import free_port
 from tests.integration.test_demo import _processes_in
 from tests.support.browser import screenshot
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,16 +24,11 @@ from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import read_view
 from tests.support.log_scan import LOG_FORBIDDEN
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
 RUN = "run-s"
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 @pytest.fixture

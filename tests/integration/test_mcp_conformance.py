@@ -17,7 +17,6 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -27,6 +26,7 @@ from typing import Any
 import httpx
 import pytest
 
+from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
 ROOT = Path(__file__).parents[2]
@@ -51,12 +51,6 @@ def node_22() -> str | None:
         if match and int(match.group(1)) >= 22:
             return candidate
     return None
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 async def answering(url: str) -> bool:

@@ -12,7 +12,6 @@ import asyncio
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import AsyncIterator, Iterator
@@ -36,6 +35,7 @@ from projections import ReceiptWorker
 from projections.receipts.inspection import inspect_invocation
 from projections.receipts.journal import JournalState
 from tests.support.log_scan import LOG_FORBIDDEN, forbid_in_logs
+from tests.support.ports import free_port
 from tests.support.provider_ids import ACCEPTED
 from tests.support.waiting import wait_for
 
@@ -50,12 +50,6 @@ UPSTREAM_SECRET = "5e2b7c9d01fa"
 forbid_in_logs(UPSTREAM_SECRET)
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def proxy_argv(
@@ -540,8 +534,11 @@ async def test_an_upstream_401_is_one_line_and_the_proxy_stays_up(
         with pytest.raises(MCPError) as refused:
             await session.send_ping()
         assert refused.value.error.code != 0
-    [line] = [line for line in stderr_logs[-1].read_text().splitlines() if "401" in line]
-    assert "upstream_refused" in line and "--bearer-token-env" in line
+    # One line by event name: a bare "401" could match a timestamp's digits as well.
+    events = [json.loads(line) for line in stderr_logs[-1].read_text().splitlines()]
+    [refused_line] = [event for event in events if event["event"] == "upstream_refused"]
+    assert "HTTP 401" in refused_line["reason"]
+    assert "--bearer-token-env" in refused_line["reason"]
 
 
 async def test_the_embedded_store_lives_in_the_users_data_folder(

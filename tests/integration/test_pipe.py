@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 from typing import Any, cast
 
@@ -129,6 +130,35 @@ async def test_a_closed_connection_fails_its_exchanges_and_refuses_more(client: 
     finally:
         await client.connection_pool.release(connection)
     assert await client.ping()
+
+
+async def test_a_connection_lost_with_an_error_leaves_no_exception_unretrieved(
+    client: Redis,
+) -> None:
+    """A write that fails (a broken pipe) closes the transport with that error. asyncio's
+    stream protocol keeps it in a close future that it marks retrieved only when it is
+    itself collected; a reference cycle can collect the future first. Here the future
+    goes first on purpose: nothing may be reported as never retrieved."""
+    loop = asyncio.get_running_loop()
+    reported: list[dict[str, Any]] = []
+    previous = loop.get_exception_handler()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    connection = await _connection(client)
+    try:
+        assert connection._writer is not None
+        stream_protocol: Any = connection._writer.transport.get_protocol()
+        pipe = pipe_for(connection)
+        assert pipe is not None
+        pipe.connection_lost(BrokenPipeError(32, "Broken pipe"))  # as the transport says it
+        closed, stream_protocol._closed = stream_protocol._closed, loop.create_future()
+        assert "BrokenPipeError" in repr(closed)  # kept, and not asked for here
+        del closed
+        gc.collect()
+        assert [context.get("message") for context in reported] == []
+    finally:
+        loop.set_exception_handler(previous)
+        await connection.disconnect(nowait=True)
+        await client.connection_pool.release(connection)
 
 
 async def test_a_reply_nobody_waits_for_closes_the_connection(client: Redis) -> None:

@@ -7,7 +7,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import socket
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -25,6 +24,7 @@ from machine.codes import ErrorCode, EvidenceStatus
 from projections import ProgressWorker, ReceiptWorker, read_view
 from projections.worker.supervisor import run_workers
 from tests.support.log_scan import LOG_FORBIDDEN
+from tests.support.ports import free_port
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -200,12 +200,6 @@ async def test_burst_drains_everything_and_exits_zero(
         assert await settled(redis, store, group) == 10
     view = await read_view(store, RUN)
     assert view is not None and view.by_status == {"ERROR": 5}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def samples(text: str, name: str) -> dict[tuple[str, ...], float]:

@@ -27,6 +27,7 @@ from machine.codes import ErrorCode, Status
 from projections import ReceiptWorker
 from projections.worker.supervisor import run_workers
 from tests.support.calls import RUN, TOOL, assert_safe_error, envelope, open_run, outcome
+from tests.support.ports import free_port
 from tests.support.tools import FakeTool
 
 OPENSSL = "/usr/bin/openssl"
@@ -107,13 +108,6 @@ def certificates(tmp_path_factory: pytest.TempPathFactory) -> Certificates:
         server_key=folder / "server.key",
         other_ca=folder / "other-ca.crt",
     )
-
-
-def free_port() -> int:
-    """A free loopback port."""
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def tls_ping(port: int, ca: Path) -> bool:
