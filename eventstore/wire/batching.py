@@ -5,11 +5,12 @@ a turn schedules a flush with ``loop.call_soon``, and the flush starts as many *
 as the queue needs, at most ``max_lanes``. A lane takes one connection and sends the
 queue, a pipeline's worth of calls at a time, as non-transactional pipelines of EVALSHA
 commands, until the queue is empty. A fixed ``max_batch`` sizes every pipeline. By
-default the size follows the load: while no more calls are outstanding (queued or being
-sent) than one pipeline holds (``DEFAULT_MAX_BATCH``), they go as one; beyond that,
-pipelines take a quarter of the calls outstanding, from 4 up to ``DEFAULT_MAX_BATCH``,
-so that about four are in flight and Redis runs one while the client reads and prepares
-another. Calls queued while every lane is busy go with the next pipeline a lane sends.
+default the size follows the load (:class:`LoadSizing`; a single server's is
+:data:`SERVER_SIZING`): while no more calls are outstanding (queued or being sent) than
+one pipeline holds (8), they go as one; beyond that, pipelines take a quarter of the
+calls outstanding, from 4 up to 8, so that about four are in flight and Redis runs one
+while the client reads and prepares another. Calls queued while every lane is busy go
+with the next pipeline a lane sends.
 The batcher keeps the connections its lanes used (at most ``max_lanes``) for the next
 lanes, and gives them back to the pool when it is closed: taking one from the pool and
 giving it back costs more than the rest of a round trip. While it holds a connection,
@@ -48,6 +49,7 @@ from __future__ import annotations
 import asyncio
 from collections import deque
 from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any, Final, Protocol, cast
 
 from redis.asyncio import Redis
@@ -63,15 +65,32 @@ from eventstore.wire.pipe import release_pipe
 
 log = get_logger("canon.batching")
 
-#: Most commands per pipeline. A larger turn is split so that several pipelines are in
-#: flight: Redis runs one while the client reads and prepares another (the measurements
-#: that chose 8 are in docs/performance.md).
-DEFAULT_MAX_BATCH: Final = 8
-#: Beyond one pipeline's worth of calls outstanding, the pipelines in flight a pipeline's
-#: size aims for, and the fewest calls it takes: with 16 callers, two full pipelines of 8
-#: leave Redis and the client taking turns (docs/performance.md).
-_LOAD_PIPELINES: Final = 4
-_LOAD_MIN_BATCH: Final = 4
+
+@dataclass(frozen=True, slots=True)
+class LoadSizing:
+    """How a batcher sizes its pipelines by the calls outstanding (queued or being sent).
+
+    Up to ``most`` calls outstanding go as one pipeline; beyond that, each pipeline takes
+    ``1 / pipelines`` of them, at least ``fewest`` and at most ``most``, so that about
+    ``pipelines`` are in flight.
+    """
+
+    pipelines: int
+    fewest: int
+    most: int
+
+    def __post_init__(self) -> None:
+        if self.pipelines < 1 or not 1 <= self.fewest <= self.most:
+            raise InvalidArgument("a load sizing needs pipelines >= 1 and 1 <= fewest <= most")
+
+
+#: A single server's: at most 8 commands per pipeline, about four in flight. A larger turn
+#: is split so that Redis runs one pipeline while the client reads and prepares another;
+#: with 16 callers, two full pipelines of 8 would leave Redis and the client taking turns
+#: (the measurements that chose these are in docs/performance.md).
+SERVER_SIZING: Final = LoadSizing(pipelines=4, fewest=4, most=8)
+#: Most commands per pipeline on a single server.
+DEFAULT_MAX_BATCH: Final = SERVER_SIZING.most
 #: Most pipelines in flight at once (one connection each).
 DEFAULT_MAX_LANES: Final = 8
 
@@ -103,10 +122,12 @@ class ScriptBatcher:
         client: the asyncio client; a cluster client is not batched unless ``pool`` is
             given (see module doc).
         max_batch: commands per pipeline, at most; None (the default) sizes each pipeline
-            by the calls outstanding, up to ``DEFAULT_MAX_BATCH`` (see the module doc).
+            by the calls outstanding, as ``sizing`` says (see the module doc).
         max_lanes: most pipelines in flight at once, each on its own pooled connection.
         pool: where the lanes take their connections (default: the client's pool); one
             cluster node's, for the cluster batcher's per-node batchers.
+        sizing: how pipelines follow the load when ``max_batch`` is None (default: a
+            single server's).
 
     """
 
@@ -117,12 +138,14 @@ class ScriptBatcher:
         max_batch: int | None = None,
         max_lanes: int = DEFAULT_MAX_LANES,
         pool: ConnectionSource | None = None,
+        sizing: LoadSizing = SERVER_SIZING,
     ) -> None:
         if (max_batch is not None and max_batch < 1) or max_lanes < 1:
             raise InvalidArgument("max_batch and max_lanes must be at least 1")
         self._client = client
         self._by_load = max_batch is None
-        self._max_batch = DEFAULT_MAX_BATCH if max_batch is None else max_batch
+        self._sizing = sizing
+        self._max_batch = sizing.most if max_batch is None else max_batch
         self._sending = 0  # calls in pipelines written and not yet answered
         self._max_lanes = max_lanes
         self._enabled = pool is not None or isinstance(client, Redis)
@@ -303,8 +326,8 @@ class ScriptBatcher:
         outstanding = len(self._queue) + self._sending
         if not self._by_load or outstanding <= self._max_batch:
             return self._max_batch
-        by_load = max(_LOAD_MIN_BATCH, -(-outstanding // _LOAD_PIPELINES))
-        return min(self._max_batch, by_load)
+        sizing = self._sizing
+        return min(self._max_batch, max(sizing.fewest, -(-outstanding // sizing.pipelines)))
 
     def _take(self) -> list[Call]:
         """The next pipeline: up to :meth:`_pipeline_size` queued calls still awaited."""

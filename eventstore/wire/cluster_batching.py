@@ -6,6 +6,10 @@ keeps one :class:`~eventstore.wire.batching.ScriptBatcher` per primary, over tha
 own connections, and hands each call to the batcher of its slot's owner (redis-py's slot
 table): calls for one node in one turn of the loop share its pipelines, as on a single
 server, with kept connections and replies read by a :class:`~eventstore.wire.pipe.Pipe`.
+A node carries only its share of the calls, so its pipelines are sized for that
+(:data:`NODE_SIZING`): sized as one server's, N masters would each send pipelines N times
+smaller, and every round trip's fixed costs, on the client and on Redis, would be paid N
+times as often.
 What redis-py's cluster ``execute_command`` does per call (its routing, a connection
 taken from the node's pool and given back, its reply parsing, its retry frames) is done
 here once per pipeline or not at all.
@@ -48,6 +52,7 @@ from redis.exceptions import (
     ClusterError,
     MovedError,
     NoScriptError,
+    RedisClusterUnreachableError,
     RedisError,
     ResponseError,
     SlotNotCoveredError,
@@ -58,19 +63,24 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
 from eventstore.logs import get_logger
-from eventstore.wire.batching import DEFAULT_MAX_LANES, ScriptBatcher
+from eventstore.wire.batching import DEFAULT_MAX_LANES, LoadSizing, ScriptBatcher
 from eventstore.wire.exchange import BatchStats, pack_evalsha
 
 log = get_logger("canon.cluster_batching")
 
 #: Replies and errors after which a call is sent again (see the module doc).
 _REDIRECTS: Final = (AskError, TryAgainError, ClusterDownError, SlotNotCoveredError)
-_CONNECTION_ERRORS: Final = (RedisConnectionError, RedisTimeoutError)
+#: A refresh of the slot table that reached no node counts as one more connection error.
+_CONNECTION_ERRORS: Final = (RedisConnectionError, RedisTimeoutError, RedisClusterUnreachableError)
 _RESENT: Final = (*_REDIRECTS, *_CONNECTION_ERRORS)
 _ASKING: Final = cast(bytes, hiredis.pack_command(("ASKING",)))
 #: First and longest pause before a call answered TRYAGAIN or CLUSTERDOWN is sent again.
 _FIRST_DELAY_S: Final = 0.01
 _MAX_DELAY_S: Final = 0.1
+#: A node's pipelines: about two in flight, up to 16 calls each. On 3 masters at 64 tasks
+#: they carry about 8 calls per round trip, as one server's do at the same load, where a
+#: single server's sizing gave about 4.3 (docs/perf-log/2026-12-cluster-pipelining.md).
+NODE_SIZING: Final = LoadSizing(pipelines=2, fewest=4, most=16)
 
 
 class _NodePool:
@@ -185,6 +195,7 @@ class ClusterScriptBatcher:
             max_batch=self._max_batch,
             max_lanes=self._max_lanes,
             pool=_NodePool(node),
+            sizing=NODE_SIZING,
         )
         batcher.stats = self.stats  # one set of counters for every node
         self._batchers[node.name] = (node, batcher)
@@ -215,7 +226,10 @@ class ClusterScriptBatcher:
                 if failures > cluster.retry.get_retries():
                     raise _redis_error(error)
                 await asyncio.sleep(min(delay * failures, _MAX_DELAY_S))
-                await cluster.nodes_manager.initialize()
+                unreached = await _read_slots_again(cluster)
+                if unreached is not None:
+                    error = unreached
+                    continue
             else:  # TRYAGAIN, CLUSTERDOWN, a slot not covered: wait, then look again
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
@@ -224,7 +238,10 @@ class ClusterScriptBatcher:
                 await asyncio.sleep(min(delay, remaining))
                 delay = min(delay * 2, _MAX_DELAY_S)
                 if isinstance(error, (ClusterDownError, SlotNotCoveredError)):
-                    await cluster.nodes_manager.initialize()
+                    unreached = await _read_slots_again(cluster)
+                    if unreached is not None:
+                        error = unreached
+                        continue
             if time.monotonic() >= deadline:
                 log.warning("cluster_call_abandoned", error_type=type(error).__name__)
                 raise _redis_error(error)
@@ -274,6 +291,20 @@ class ClusterScriptBatcher:
             raise
         finally:
             node.release(connection)
+
+
+async def _read_slots_again(cluster: RedisCluster) -> Exception | None:
+    """Read the slot table again; the error if no node answered (None: read).
+
+    A refresh that reaches no node (all of them stalled, or cut off while it asked) is
+    one more connection error for the call that needed it, tried again within the
+    client's retries, not an error of its own that would escape them.
+    """
+    try:
+        await cluster.nodes_manager.initialize()
+    except _CONNECTION_ERRORS as exc:
+        return exc
+    return None
 
 
 async def _reply(connection: Connection) -> Any:

@@ -205,13 +205,29 @@ def pipe_for(connection: Connection) -> Pipe | None:
         return protocol
     parser = getattr(connection, "_parser", None)
     resp3 = str(getattr(connection, "protocol", 2)) != "2"
-    if transport.is_closing() or (
-        resp3 and (_PUSH is None or not hasattr(parser, "handle_push_response"))
+    if (
+        transport.is_closing()
+        or _closed_by_server(connection)
+        or (resp3 and (_PUSH is None or not hasattr(parser, "handle_push_response")))
     ):
         return None
     encoder = connection.encoder
     decode = (encoder.encoding, encoder.encoding_errors) if encoder.decode_responses else None
     return Pipe(transport, decode, parser)
+
+
+def _closed_by_server(connection: Connection) -> bool:
+    """Whether the server closed ``connection`` while it sat idle in the pool.
+
+    Its stream protocol then keeps the transport open (half-closed, to let the client
+    still write) but stops reading it: a pipe put on that transport would wait for
+    replies that never come, until the timeout. redis-py's own reading sees the end of
+    the stream at once and reconnects, so the connection is left to it.
+    """
+    reader = getattr(connection, "_reader", None)
+    if not isinstance(reader, asyncio.StreamReader):
+        return False
+    return reader.at_eof() or reader.exception() is not None
 
 
 def _transport(connection: Connection) -> asyncio.Transport | None:

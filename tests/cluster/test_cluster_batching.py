@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import os
+import signal
 from datetime import timedelta
 from typing import Any
 
@@ -13,8 +15,9 @@ from redis.exceptions import TryAgainError
 
 from eventstore.audit import verify_against_events
 from eventstore.store import Store
+from eventstore.wire.batching import DEFAULT_MAX_BATCH
 from eventstore.wire.cluster import cluster_client
-from eventstore.wire.cluster_batching import ClusterScriptBatcher
+from eventstore.wire.cluster_batching import NODE_SIZING, ClusterScriptBatcher
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from machine.fold import fold_all
@@ -96,6 +99,24 @@ async def test_concurrent_calls_are_pipelined_per_master(
     assert stats.largest_batch > 1 and stats.redirects == 0
     after = {node.port: _evalsha_calls(node) for node in redis_cluster.nodes}
     assert {port: after[port] - before[port] for port in runs} == dict.fromkeys(runs, 3 * 32)
+
+
+async def test_a_masters_pipelines_are_sized_for_its_share_of_the_calls(
+    make_open_store: Any, redis_cluster: LocalCluster
+) -> None:
+    """A master carries a share of the calls: 48 made at once on one master's run go in
+    pipelines of up to 16, where one server's sizing would stop at 8."""
+    store: Store = await make_open_store()
+    run_id = next(iter(_run_per_node(store, redis_cluster).values()))
+    await store.open_run(run_id, deadline=timedelta(minutes=5), tools={TOOL: None})
+    await _lifecycle(store, run_id, "warm")  # the scripts are loaded on its master
+    stats = store.batch_stats
+    stats.largest_batch = 0
+    heads = await asyncio.gather(
+        *(store.writer.create(run_id, f"call-{i}", TOOL, REQUEST) for i in range(48))
+    )
+    assert {head.version for head in heads} == {1}
+    assert stats.largest_batch == NODE_SIZING.most > DEFAULT_MAX_BATCH
 
 
 async def test_calls_in_a_moving_slot_are_applied_once(
@@ -239,4 +260,75 @@ async def test_a_call_refused_past_the_redirect_budget_fails_alone(
         assert await client.get(f"{stuck}:1") == b"old"
     finally:
         await client.delete(f"{stuck}:1", f"{other}:1")
+        await client.aclose()
+
+
+async def test_no_call_waits_on_a_connection_the_server_closed_while_idle(
+    redis_cluster: LocalCluster, namespace: str
+) -> None:
+    """Every master drops the client's connections, the batcher's kept ones and the idle
+    ones in the nodes' pools. No call waits on a connection the server closed (it would
+    wait out the socket timeout): the calls cut off are sent again on fresh connections,
+    and each is applied once."""
+    # A long socket timeout: a call that waited on a dead connection would wait it out.
+    client = cluster_client(redis_cluster.url, timeout_s=60)
+    batcher = ClusterScriptBatcher(client)
+    script = client.register_script("return redis.call('INCR', KEYS[1])")
+    keys = [f"{{{namespace}-{i}}}:n" for i in range(24)]
+    assert {redis_cluster.node_of_slot(redis_cluster.keyslot(k)).port for k in keys} == {
+        node.port for node in redis_cluster.nodes
+    }
+    try:
+        await asyncio.gather(*(batcher.call(script, [key], []) for key in keys))  # kept
+        # Every node holds ten idle connections too, all dead after the kill.
+        for node in client.get_primaries():
+            await asyncio.gather(*(client.ping(target_nodes=node) for _ in range(10)))
+        for node in redis_cluster.nodes:
+            node.command("CLIENT", "KILL", "TYPE", "normal")
+        replies = await asyncio.wait_for(
+            asyncio.gather(*(batcher.call(script, [key], []) for key in keys)), 20
+        )
+        assert replies == [2] * len(keys)
+        assert batcher.stats.redirects > 0
+    finally:
+        await batcher.close()
+        await client.delete(*keys)
+        await client.aclose()
+
+
+async def test_a_refresh_of_the_slot_table_that_reaches_no_node_is_tried_again(
+    redis_cluster: LocalCluster, namespace: str
+) -> None:
+    """Every master freezes for 1.4 s (SIGSTOP, then SIGCONT, as a stalled host would):
+    the call times out, the slot table cannot be read either (no node answers within
+    the 0.25 s timeout, three nodes one after another), and both are tried again within
+    the client's retries, until the masters answer and the call does. The freeze stays
+    under the cluster's node timeout (2 s), so no master is marked failed."""
+    client = cluster_client(redis_cluster.url, timeout_s=0.25, redirect_budget_s=30)
+    batcher = ClusterScriptBatcher(client)
+    # Idempotent, as the store's scripts are: a timed-out call may have run.
+    script = client.register_script("redis.call('SET', KEYS[1], ARGV[1]) return ARGV[1]")
+    key = f"{{{namespace}-frozen}}:n"
+    pids = [node.server.pid for node in redis_cluster.nodes]
+
+    def thaw() -> None:
+        for pid in pids:
+            os.kill(pid, signal.SIGCONT)
+
+    try:
+        assert await batcher.call(script, [key], ["before"]) == b"before"
+        redirects = batcher.stats.redirects
+        for pid in pids:
+            os.kill(pid, signal.SIGSTOP)
+        thawing = asyncio.get_running_loop().call_later(1.4, thaw)
+        try:
+            assert await batcher.call(script, [key], ["after"]) == b"after"
+        finally:
+            thawing.cancel()
+            thaw()
+        assert batcher.stats.redirects - redirects >= 2  # the call, then the refresh
+    finally:
+        await asyncio.to_thread(redis_cluster.wait_ok)  # the next test finds it whole
+        await batcher.close()
+        await client.delete(key)
         await client.aclose()
