@@ -1,13 +1,16 @@
 """Client and Redis CPU per Writer invocation on a 3-master cluster and on a single server.
 
 ``python scripts/cluster_write_bench.py [--rounds 6] [--invocations 3000] [--tasks 64]
-[--tree DIR ...]`` starts one private cluster and one private single server, then takes
-turns (a rotating order, one fresh process per measurement) between every tree given
-(default: this one; pass an older checkout, e.g. from ``git archive``, to compare) and
-both backends. Each measurement opens a store in a fresh namespace with 16 runs, warms
-up, and times ``--invocations`` lifecycles (create, start_projecting, complete) made by
+[--tree DIR ...] [--split]`` starts one private cluster and one private single server,
+then takes turns (a rotating order, one fresh process per measurement) between every
+tree given (default: this one; pass an older checkout, e.g. from ``git archive``, to
+compare) and both backends. With ``--split``, a third backend: three plain servers (no
+cluster), each with its own store, the tasks spread over them; it tells what splitting
+the same load over three servers costs on this machine, cluster or not. Each
+measurement opens a store (per server) in a fresh namespace with 16 runs, warms up, and
+times ``--invocations`` lifecycles (create, start_projecting, complete) made by
 ``--tasks`` tasks: client CPU (``time.process_time``) and Redis CPU (``used_cpu_user +
-used_cpu_sys`` summed over the masters) per invocation, invocations/s, and script calls
+used_cpu_sys`` summed over the servers) per invocation, invocations/s, and script calls
 per round trip. It prints each measurement, then the median (min, max) of each. A
 measurement, not a test (docs/perf-log/2026-12-cluster-pipelining.md).
 """
@@ -16,6 +19,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import gc
 import json
 import os
@@ -42,19 +46,25 @@ def _redis_cpu_s(ports: list[int]) -> float:
     return total
 
 
-async def _measure(url: str, ports: list[int], invocations: int, tasks: int) -> dict[str, float]:
+async def _measure(
+    urls: list[str], ports: list[int], invocations: int, tasks: int
+) -> dict[str, float]:
     from eventstore.store import Store
     from machine.codes import EvidenceStatus
     from tests.helpers import RAW, REQUEST, RESULT, TOOL
 
-    store = Store.from_url(url, namespace="b" + secrets.token_hex(4))
-    async with store:
+    namespace = "b" + secrets.token_hex(4)
+    stores = [Store.from_url(url, namespace=namespace) for url in urls]
+    async with contextlib.AsyncExitStack() as opened:
+        for store in stores:
+            await opened.enter_async_context(store)
         runs = [f"run-{i}" for i in range(16)]
-        for run_id in runs:
-            await store.open_run(run_id, deadline=timedelta(minutes=30), tools={TOOL: None})
-        writer = store.writer
+        for store in stores:
+            for run_id in runs:
+                await store.open_run(run_id, deadline=timedelta(minutes=30), tools={TOOL: None})
 
         async def lifecycles(task: int, count: int, tag: str) -> None:
+            writer = stores[task % len(stores)].writer  # split servers: tasks spread evenly
             for i in range(count):
                 head = await writer.create(
                     runs[(task + i) % 16], f"{tag}-{task}-{i}", TOOL, REQUEST
@@ -64,27 +74,28 @@ async def _measure(url: str, ports: list[int], invocations: int, tasks: int) -> 
 
         await asyncio.gather(*(lifecycles(k, 300 // tasks + 1, "warm") for k in range(tasks)))
         gc.collect()
-        stats = store.batch_stats
-        calls, round_trips = stats.calls, stats.round_trips
+        calls = sum(store.batch_stats.calls for store in stores)
+        round_trips = sum(store.batch_stats.round_trips for store in stores)
         redis_before = _redis_cpu_s(ports)
         cpu, wall = time.process_time(), time.perf_counter()
         await asyncio.gather(*(lifecycles(k, invocations // tasks, "m") for k in range(tasks)))
         cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
         redis_s = _redis_cpu_s(ports) - redis_before
         done = invocations // tasks * tasks
-        sent = stats.round_trips - round_trips
+        sent = sum(store.batch_stats.round_trips for store in stores) - round_trips
+        calls = sum(store.batch_stats.calls for store in stores) - calls
         return {
             "client_us": cpu / done * 1e6,
             "redis_us": redis_s / done * 1e6,
             "per_s": done / wall,
-            "calls_per_round_trip": (stats.calls - calls) / sent if sent else 1.0,
+            "calls_per_round_trip": calls / sent if sent else 1.0,
         }
 
 
 def _measure_in(
-    tree: str, url: str, ports: list[int], args: argparse.Namespace
+    tree: str, urls: list[str], ports: list[int], args: argparse.Namespace
 ) -> dict[str, float]:
-    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--measure", url]
+    command = [sys.executable, str(pathlib.Path(__file__).resolve()), "--measure", *urls]
     command += ["--ports", ",".join(map(str, ports)), "--invocations", str(args.invocations)]
     command += ["--tasks", str(args.tasks)]
     out = subprocess.run(
@@ -103,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--invocations", type=int, default=3000)
     parser.add_argument("--tasks", type=int, default=64)
     parser.add_argument("--tree", action="append", help="a checkout to measure (repeatable)")
-    parser.add_argument("--measure", help=argparse.SUPPRESS)
+    parser.add_argument("--split", action="store_true", help="also three plain servers")
+    parser.add_argument("--measure", nargs="+", help=argparse.SUPPRESS)
     parser.add_argument("--ports", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.measure:
@@ -118,17 +130,23 @@ def main(argv: list[str] | None = None) -> int:
     trees = args.tree or [str(_ROOT)]
     binary = choose_redis_server(minimum=(7, 0, 0))
     results: dict[tuple[str, str], list[dict[str, float]]] = {}
-    with EmbeddedCluster(binary) as cluster, EmbeddedRedis(binary) as single:
+    with contextlib.ExitStack() as started:
+        cluster = started.enter_context(EmbeddedCluster(binary))
+        single = started.enter_context(EmbeddedRedis(binary))
         backends = {
-            "cluster": (cluster.url + "?cluster=1", [node.port for node in cluster.nodes]),
-            "single": (single.url, [int(single.url.rsplit(":", 1)[1].split("/")[0])]),
+            "cluster": ([cluster.url + "?cluster=1"], [node.port for node in cluster.nodes]),
+            "single": ([single.url], [_port(single.url)]),
         }
+        if args.split:
+            servers = [started.enter_context(EmbeddedRedis(binary)) for _ in range(3)]
+            urls = [server.url for server in servers]
+            backends["split"] = (urls, [_port(url) for url in urls])
         order = [(tree, backend) for tree in trees for backend in backends]
         for round_no in range(args.rounds):
             shift = round_no % len(order)
             for tree, backend in order[shift:] + order[:shift]:
-                url, ports = backends[backend]
-                result = _measure_in(tree, url, ports, args)
+                urls, ports = backends[backend]
+                result = _measure_in(tree, urls, ports, args)
                 results.setdefault((tree, backend), []).append(result)
                 shown = {name: round(value, 1) for name, value in result.items()}
                 print(round_no, tree, backend, shown, flush=True)
@@ -141,6 +159,10 @@ def main(argv: list[str] | None = None) -> int:
         }
         print("median (min, max)", tree, backend, summary)
     return 0
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
 
 
 if __name__ == "__main__":

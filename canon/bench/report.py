@@ -186,6 +186,24 @@ def _cluster_ratio(metric: str) -> Measure:
     return measure
 
 
+def _cluster_redis_cpu(report: dict[str, Any]) -> tuple[float | None, str]:
+    """Redis CPU per invocation, summed over the 3 masters, over the single server's.
+
+    Read with one master loaded alone at the single server's load (see
+    :mod:`canon.bench.scaleout`); the ratio with the load spread over the masters is in
+    the note.
+    """
+    section = report.get("scale_out", {})
+    if not section.get("measured"):
+        return None, str(section.get("reason", ""))
+    point = next(p for p in section.get("curve", []) if p["masters"] == section["masters"])
+    writer = section["modes"]["writer"]
+    single = writer["single"]["server_cpu_us"]["median"]
+    spread_load = writer["cluster"]["server_cpu_us"]["median"] / single if single else 0.0
+    note = f"one master loaded at a time; {spread_load:.2f} x with the load spread over them"
+    return point["loaded_server_cpu_x_single"], note
+
+
 def _busiest_share_over_even(report: dict[str, Any]) -> tuple[float | None, str]:
     """How far the 3-master cluster's busiest master is above an even share (1/N)."""
     section = report.get("scale_out", {})
@@ -210,7 +228,10 @@ def _curve(masters: int) -> Measure:
         point = next((p for p in section.get("curve", []) if p["masters"] == masters), None)
         if point is None or not point.get("measured"):
             return None, "" if point is None else str(point.get("reason", ""))
-        note = f"{point['x_single']:g} x one server (implied by the CPU, not measured)"
+        note = (
+            f"{point['x_single']:g} x one server (implied by the CPU, not measured; "
+            f"{point['x_single_at_split_load']:g} x from the CPU with the load spread)"
+        )
         return round(point["x_single"] / point["target_x_single"], 3), note
 
     return measure
@@ -253,7 +274,7 @@ GOALS: Final = (
     Goal("console: slowest page at 3,000 calls <= 200 ms (median)",
          _slowest_console_page, Bound(high=200, unit=" ms")),
     Goal("cluster: Redis CPU per invocation, summed over masters, <= 1.15 x one server",
-         _cluster_ratio("server_cpu_us"), Bound(high=1.15)),
+         _cluster_redis_cpu, Bound(high=1.15)),
     Goal("cluster: client CPU per invocation <= 1.3 x one server",
          _cluster_ratio("client_cpu_us"), Bound(high=1.3)),
     Goal("cluster: busiest master's share - 1/N <= 0.05 (3 masters)",

@@ -13,10 +13,20 @@ CPU per invocation serves at most 1e6 / C invocations/s on one core, so ``master
 them, with the load spread evenly, 1e6 / C x masters (and 1e6 / (C x largest share)
 with the shares measured). Both are implied, not measured.
 
+C must be read at the load a master carries near its capacity. With the 64 tasks spread
+over N masters, each master carries 1/N of the single server's load, and a lightly
+loaded Redis spends more CPU per call (each round trip wakes it, and it finds less work
+each time): three plain servers sharing the load, no cluster at all, spend as much more
+as the cluster does (docs/perf-log/2026-12-cluster-pipelining.md). So each repeat also
+loads one master alone, with the same 64 tasks on runs whose shards it holds (the
+masters take turns across repeats): its CPU per invocation, summed over every master,
+is C, read at the single server's load. ``x_single`` is the busiest master's capacity
+with that C over the single server's; ``x_single_at_split_load`` uses the CPU read with
+the load spread, for comparison.
+
 The capacity curve puts the implied capacities side by side: one server, the 3-master
 cluster, and (a full run only) a 6-master one, measured with the writer, each against the
-single server's (``x_single``, the busiest master's capacity over the single server's):
-N masters should give at least 0.9 x N.
+single server's: N masters should give at least 0.9 x N.
 """
 
 from __future__ import annotations
@@ -25,12 +35,13 @@ import asyncio
 import itertools
 import statistics
 from collections.abc import Callable
-from typing import Any, Final
+from typing import Any, Final, cast
 
 from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
 
 from canon.bench.report import spread
-from canon.bench.throughput import ThroughputBench
+from canon.bench.throughput import RunFilter, ThroughputBench
 from canon.bench.timing import Sample, bare_server_cpu
 from canon.bench.workload import Payloads
 from eventstore.server.embedded_cluster import EmbeddedCluster
@@ -101,23 +112,55 @@ def _point(samples: list[Sample], masters: int) -> dict[str, Any]:
 
 #: The mode of the capacity curve (the writer's Redis CPU is what a master's capacity is).
 CURVE_MODE: Final = "writer"
+#: The runs of the curve's mode with one master loaded alone (see the module doc).
+LOADED: Final = "writer, one master loaded"
 #: Capacity goal of N masters: at least this x N the single server's.
 CURVE_TARGET: Final = 0.9
 
 
-def _curve_point(point: dict[str, Any], single: dict[str, Any], masters: int) -> dict[str, Any]:
-    """One point of the capacity curve: implied capacities and their ratio to one server."""
+def _curve_point(
+    point: dict[str, Any], single: dict[str, Any], masters: int, loaded: list[Sample] | None
+) -> dict[str, Any]:
+    """One point of the capacity curve: implied capacities and their ratio to one server.
+
+    ``loaded``: the samples with one master loaded alone (None for the single server,
+    which is loaded so in every sample).
+    """
     base = single["busiest_master_capacity_per_s"]
-    busiest = point["busiest_master_capacity_per_s"]
+    largest_share = max(point["master_shares"])
+    at_split_load = point["busiest_master_capacity_per_s"]
+    single_cpu = single["server_cpu_us"]["median"]
+    cpu = single_cpu if loaded is None else statistics.median(s.server_cpu_us for s in loaded)
+    busiest = round(1e6 / (cpu * largest_share)) if cpu else 0
     return {
         "masters": masters,
         "measured": True,
-        "implied_capacity_per_s": point["implied_capacity_per_s"],
+        "loaded_server_cpu_us": (
+            spread([s.server_cpu_us for s in loaded]) if loaded else single["server_cpu_us"]
+        ),
+        "loaded_server_cpu_x_single": round(cpu / single_cpu, 3) if single_cpu else 0.0,
+        "implied_capacity_per_s": round(1e6 / cpu * masters) if cpu else 0,
         "busiest_master_capacity_per_s": busiest,
-        "largest_share": max(point["master_shares"]),
+        "largest_share": largest_share,
         "x_single": round(busiest / base, 2) if base else 0.0,
+        "x_single_at_split_load": round(at_split_load / base, 2) if base else 0.0,
         "target_x_single": round(CURVE_TARGET * masters, 2),
     }
+
+
+async def _runs_on_masters(store: Store, cluster: EmbeddedCluster) -> list[RunFilter]:
+    """One filter per master of ``cluster``: the run ids whose shard that master holds."""
+    client = cast(RedisCluster, store.client)
+    await client.initialize()  # the slot table, read once (nothing moves during the bench)
+
+    def on(port: int) -> RunFilter:
+        def holds(run_id: str) -> bool:
+            slot = client.keyslot(store.keys.feed_of(run_id))
+            return client.nodes_manager.get_node_from_slot(slot).port == port
+
+        return holds
+
+    return [on(node.port) for node in cluster.nodes]
 
 
 async def measure_scale_out(
@@ -138,21 +181,34 @@ async def measure_scale_out(
     capacity curve; without it the curve says why (``larger_reason``).
     """
     sites = {"single": _single(single_url, namespace), "cluster": _cluster(cluster, namespace)}
-    runs = list(itertools.product(sites, MODES))
+    clusters = {"cluster": cluster}
+    runs = [*itertools.product(sites, MODES), ("cluster", LOADED)]
     if larger is not None:
         sites["larger"] = _cluster(larger, namespace)
-        runs.append(("larger", CURVE_MODE))
+        clusters["larger"] = larger
+        runs += [("larger", CURVE_MODE), ("larger", LOADED)]
     samples: dict[tuple[str, str], list[Sample]] = {run: [] for run in runs}
     try:
         for site in sites.values():
             await site.store.__aenter__()
             await site.bench.prepare()
+        on_master = {
+            name: await _runs_on_masters(sites[name].store, nodes)
+            for name, nodes in clusters.items()
+        }
         for repeat in range(repeats):
             progress(f"scale-out: writer and boundary at {TASKS} tasks, repeat {repeat + 1}")
             # Rotating the order spreads any drift across sites and modes.
             order = runs[repeat % len(runs) :] + runs[: repeat % len(runs)]
             for name, mode in order:
-                sample = await sites[name].bench.run(mode, repeat, TASKS, warmup_s, duration_s)
+                bench = sites[name].bench
+                if mode == LOADED:  # the masters take turns, one per repeat
+                    where = on_master[name][repeat % len(on_master[name])]
+                    sample = await bench.run(
+                        CURVE_MODE, repeat, TASKS, warmup_s, duration_s, runs_where=where
+                    )
+                else:
+                    sample = await bench.run(mode, repeat, TASKS, warmup_s, duration_s)
                 samples[(name, mode)].append(sample)
     finally:
         for site in sites.values():
@@ -160,14 +216,24 @@ async def measure_scale_out(
     masters = len(cluster.nodes)
     result: dict[str, Any] = {"measured": True, "masters": masters, "tasks": TASKS, "modes": {}}
     single_point = _point(samples[("single", CURVE_MODE)], 1)
-    curve = [_curve_point(single_point, single_point, 1)]
+    curve = [_curve_point(single_point, single_point, 1, None)]
     curve.append(
-        _curve_point(_point(samples[("cluster", CURVE_MODE)], masters), single_point, masters)
+        _curve_point(
+            _point(samples[("cluster", CURVE_MODE)], masters),
+            single_point,
+            masters,
+            samples[("cluster", LOADED)],
+        )
     )
     if larger is not None:
         more = len(larger.nodes)
         curve.append(
-            _curve_point(_point(samples[("larger", CURVE_MODE)], more), single_point, more)
+            _curve_point(
+                _point(samples[("larger", CURVE_MODE)], more),
+                single_point,
+                more,
+                samples[("larger", LOADED)],
+            )
         )
     else:
         curve.append({"masters": 6, "measured": False, "reason": larger_reason})

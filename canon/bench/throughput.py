@@ -15,6 +15,7 @@ pipeline, which every call in it waits for) and the client's and Redis's CPU tim
 from __future__ import annotations
 
 import contextlib
+import itertools
 import time
 from collections.abc import Awaitable, Callable
 from datetime import timedelta
@@ -55,6 +56,10 @@ from eventstore.writer import Writer, now_ms
 from machine.codes import EvidenceStatus
 
 PIPELINE_INVOCATIONS: Final = 16
+#: Which run ids a measurement keeps (see :meth:`ThroughputBench.run`).
+RunFilter = Callable[[str], bool]
+#: Filtered runs are numbered from here, apart from the unfiltered ones (0 up).
+FILTERED_RUNS_FROM: Final = 100_000
 #: One invocation's script calls: (SHA, ``numkeys, *keys, *args``) each.
 Calls = list[tuple[str, tuple[Any, ...]]]
 
@@ -124,20 +129,40 @@ class ThroughputBench:
         if self._threaded is not None:
             await self._threaded.close()
 
-    async def _open_runs(self, mode: str, repeat: int, concurrency: int) -> list[str]:
+    async def _open_runs(
+        self, mode: str, repeat: int, concurrency: int, where: RunFilter | None
+    ) -> list[str]:
         letter = BY_KEY[mode].letter
-        runs = [run_id_for(letter, repeat, concurrency, task) for task in range(concurrency)]
+        if where is None:
+            runs = [run_id_for(letter, repeat, concurrency, task) for task in range(concurrency)]
+        else:  # numbered apart from the unfiltered runs of the same mode and repeat
+            candidates = (
+                run_id_for(letter, repeat, concurrency, task)
+                for task in itertools.count(FILTERED_RUNS_FROM)
+            )
+            runs = list(itertools.islice(filter(where, candidates), concurrency))
         for run_id in runs:
             await self._store.open_run(run_id, deadline=timedelta(hours=2), tools={TOOL: None})
         return runs
 
     async def run(
-        self, mode: str, repeat: int, concurrency: int, warmup_s: float, duration_s: float
+        self,
+        mode: str,
+        repeat: int,
+        concurrency: int,
+        warmup_s: float,
+        duration_s: float,
+        *,
+        runs_where: RunFilter | None = None,
     ) -> Sample:
-        """Run ``mode`` once with ``concurrency`` tasks (or threads); return its sample."""
+        """Run ``mode`` once with ``concurrency`` tasks (or threads); return its sample.
+
+        ``runs_where`` keeps only the run ids it accepts (on a cluster: the runs whose
+        shard one master holds, to load that master alone).
+        """
         if self._server_cpu is None:
             raise BenchError("no way to read the server's CPU time was given")
-        runs = await self._open_runs(mode, repeat, concurrency)
+        runs = await self._open_runs(mode, repeat, concurrency, runs_where)
         window = Window()
         timed: Writer | None = None
         workers: Workers

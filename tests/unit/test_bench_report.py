@@ -9,6 +9,8 @@ import pytest
 from canon.bench import BenchOptions, evaluate_goals, goal_lines
 from canon.bench.report import GOALS, spread
 from canon.bench.runner import _durability, _scale_out
+from canon.bench.scaleout import _curve_point
+from canon.bench.timing import Sample
 
 #: Index of each goal in GOALS (and in the printed lines).
 WRITER, BOUNDARY, P99, MINIMAL, EVERYSEC, REDIS_CPU, CLIENT_CPU, ALWAYS = range(8)
@@ -62,11 +64,13 @@ def _report(
             "master_shares": shares,
         }
 
-    def curve(masters: int, x_single: float) -> dict[str, Any]:
+    def curve(masters: int, x_single: float, loaded_cpu: float = 1.0) -> dict[str, Any]:
         return {
             "masters": masters,
             "measured": True,
+            "loaded_server_cpu_x_single": loaded_cpu,
             "x_single": x_single,
+            "x_single_at_split_load": round(x_single * 0.8, 2),
             "target_x_single": round(0.9 * masters, 2),
         }
 
@@ -101,12 +105,16 @@ def _report(
             "modes": {
                 "writer": {
                     "single": site(200.0, 100.0, [1.0]),
-                    "cluster": site(
-                        200.0 * cluster_client, 100.0 * cluster_redis, [busiest_share, rest, rest]
-                    ),
+                    # With the load spread, Redis CPU reads higher than with one master
+                    # loaded at a time (the goal's figure, in the curve).
+                    "cluster": site(200.0 * cluster_client, 130.0, [busiest_share, rest, rest]),
                 }
             },
-            "curve": [curve(1, 1.0), curve(3, x_single_3), curve(6, x_single_6)],
+            "curve": [
+                curve(1, 1.0),
+                curve(3, x_single_3, loaded_cpu=cluster_redis),
+                curve(6, x_single_6),
+            ],
         },
         "console": {
             "measured": True,
@@ -291,3 +299,25 @@ def test_the_cluster_goals_say_why_when_the_cluster_was_not_measured() -> None:
     report = _report()
     report["scale_out"]["curve"][2] = {"masters": 6, "measured": False, "reason": "full run only"}
     assert evaluate_goals(report)[CURVE_6]["note"] == "full run only"
+
+
+def test_the_redis_cpu_goal_reads_one_loaded_master_and_notes_the_spread_load() -> None:
+    """The summed Redis CPU goal is read with one master loaded at a time; the figure
+    with the load spread over the masters is given beside it."""
+    goal = evaluate_goals(_report(cluster_redis=1.04))[CLUSTER_REDIS]
+    assert goal["status"] == "PASS"
+    assert "1.30 x with the load spread" in goal["note"]
+
+
+def test_a_curve_point_takes_the_loaded_masters_cpu_and_the_busiest_share() -> None:
+    """N masters' capacity is the busiest master's: 1e6 / (C x its share), with C the CPU
+    per invocation read with one master loaded alone, over the single server's 1e6 / C."""
+    single = {"busiest_master_capacity_per_s": 10_000, "server_cpu_us": spread([100.0])}
+    spread_point = {"master_shares": [0.35, 0.33, 0.32], "busiest_master_capacity_per_s": 7_000}
+    loaded = [Sample(1.0, 1.0, 1.0, 1, 1.0, cpu) for cpu in (102.0, 104.0, 110.0)]
+    point = _curve_point(spread_point, single, 3, loaded)
+    assert point["loaded_server_cpu_x_single"] == 1.04
+    assert point["busiest_master_capacity_per_s"] == round(1e6 / (104.0 * 0.35))
+    assert point["x_single"] == round(round(1e6 / (104.0 * 0.35)) / 10_000, 2)
+    assert point["x_single_at_split_load"] == 0.7
+    assert point["target_x_single"] == 2.7
