@@ -9,30 +9,25 @@ the same call again after an operator approved it, and then once; a denial is an
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
+from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
 
-import anyio
 import pytest
 from mcp import ClientSession
-from mcp.shared.memory import create_client_server_memory_streams
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 
 from canon.integrations.mcp import (
     APPROVAL_ID_KEY,
     CONSOLE_URL_KEY,
     INVOCATION_ID_KEY,
-    RUN_ID_KEY,
-    TOOL_CALL_ID_KEY,
     call_tool,
-    serve_tools,
 )
 from eventstore import Projection, Store, ToolBoundary, ToolSpec
 from eventstore.boundary.contracts import ToolCall
 from machine.codes import SAFE_MESSAGES, ErrorCode, Stage, Status
 from machine.ids import invocation_id
+from tests.support.mcp_client import assert_pending, connected, text_of
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -70,22 +65,6 @@ def specs(refunds: Refunds) -> dict[str, ToolSpec]:
     }
 
 
-@asynccontextmanager
-async def connected(
-    boundary: ToolBoundary, tools: Mapping[str, ToolSpec], **options: Any
-) -> AsyncIterator[ClientSession]:
-    """One MCP connection to ``serve_tools`` over in-memory streams."""
-    async with (
-        create_client_server_memory_streams() as (client_streams, server_streams),
-        anyio.create_task_group() as group,
-    ):
-        group.start_soon(lambda: serve_tools(boundary, tools, streams=server_streams, **options))
-        async with ClientSession(*client_streams) as session:
-            await session.initialize()
-            yield session
-        await client_streams[1].aclose()
-
-
 @pytest.fixture
 async def served(make_store: Any) -> AsyncIterator[tuple[Store, ToolBoundary, Refunds]]:
     store: Store = make_store()
@@ -98,29 +77,8 @@ async def served(make_store: Any) -> AsyncIterator[tuple[Store, ToolBoundary, Re
         boundary.close()
 
 
-def text_of(result: CallToolResult) -> str:
-    [block] = result.content
-    assert isinstance(block, TextContent)
-    return block.text
-
-
 async def refund(session: ClientSession, call: str = "c1", **changed: Any) -> CallToolResult:
     return await call_tool(session, "refund", {**ORDER, **changed}, tool_call_id=call, run_id=RUN)
-
-
-def assert_pending(result: CallToolResult, call: str = "c1") -> str:
-    """The result is the pending one (not an error) for ``call``; returns its approval id."""
-    assert not result.is_error
-    assert result.meta is not None
-    approval_id = result.meta[APPROVAL_ID_KEY]
-    assert text_of(result) == (
-        f"The tool call is awaiting an operator's approval (approval {approval_id}) "
-        "and has not run. Do not retry it: it runs once approved."
-    )
-    assert result.meta[RUN_ID_KEY] == RUN
-    assert result.meta[TOOL_CALL_ID_KEY] == call
-    assert result.meta[INVOCATION_ID_KEY] == invocation_id(RUN, call)
-    return str(approval_id)
 
 
 async def test_a_governed_call_answers_pending_with_its_console_page(served: Any) -> None:
@@ -129,8 +87,8 @@ async def test_a_governed_call_answers_pending_with_its_console_page(served: Any
     async with connected(boundary, specs(refunds), console_url=CONSOLE) as session:
         first = await refund(session)
         again = await refund(session)
-    approval_id = assert_pending(first)
-    assert assert_pending(again) == approval_id
+    approval_id = assert_pending(first, RUN, "c1")
+    assert assert_pending(again, RUN, "c1") == approval_id
     assert first.meta is not None
     assert first.meta[CONSOLE_URL_KEY] == (
         f"https://ops.example.com/console/runs/{RUN}/invocations/{invocation_id(RUN, 'c1')}"
@@ -149,7 +107,7 @@ async def test_approved_the_retry_runs_the_tool_once_and_later_retries_replay(
     store, boundary, refunds = served
     async with connected(boundary, specs(refunds)) as session:
         pending = await refund(session)
-        assert_pending(pending)
+        assert_pending(pending, RUN, "c1")
         assert pending.meta is not None and CONSOLE_URL_KEY not in pending.meta
         decision = await store.decide(RUN, "c1", approve=True, by="ops", reason="checked")
         assert decision.made_now
@@ -171,7 +129,7 @@ async def test_a_denied_call_answers_iserror_with_the_denial(served: Any) -> Non
     """Denied: every retry is an isError result with APPROVAL_DENIED; the tool never ran."""
     store, boundary, refunds = served
     async with connected(boundary, specs(refunds)) as session:
-        assert_pending(await refund(session))
+        assert_pending(await refund(session), RUN, "c1")
         await store.decide(RUN, "c1", approve=False, by="ops", reason="not this one")
         first = await refund(session)
         again = await refund(session)
@@ -197,5 +155,5 @@ async def test_a_policy_lets_some_calls_run_at_once(served: Any) -> None:
             session, "small_refund", {"amount": 500}, tool_call_id="s2", run_id=RUN
         )
     assert not small.is_error and json.loads(text_of(small)) == {"refunded": 5}
-    assert_pending(big, "s2")
+    assert_pending(big, RUN, "s2")
     assert refunds.done == [{"amount": 5}]

@@ -23,7 +23,6 @@ from typing import Any
 import mcp_types as types
 import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
-from mcp_types import CallToolResult, TextContent
 
 from canon.integrations.mcp import (
     APPROVAL_ID_KEY,
@@ -38,6 +37,7 @@ from eventstore.approvals import pending_approvals
 from machine.codes import SAFE_MESSAGES, ErrorCode, Stage, Status
 from machine.ids import invocation_id
 from tests.support.log_scan import LOG_FORBIDDEN
+from tests.support.mcp_client import assert_pending, text_of
 
 ROOT = Path(__file__).parents[2]
 UPSTREAM = [sys.executable, str(ROOT / "tests" / "support" / "mcp_governed_upstream.py")]
@@ -155,31 +155,10 @@ async def store(make_store: Any) -> Store:
     return store
 
 
-def text_of(result: CallToolResult) -> str:
-    [block] = result.content
-    assert isinstance(block, TextContent)
-    return block.text
-
-
 async def send_email(session: ClientSession, call: str = "call-1", **changed: Any) -> Any:
     return await call_tool(
         session, "send_email", {**EMAIL, **changed}, tool_call_id=call, run_id=RUN
     )
-
-
-def assert_pending(result: CallToolResult, call: str = "call-1") -> str:
-    """The result is the pending one (not an error) for ``call``; returns its approval id."""
-    assert not result.is_error
-    assert result.meta is not None
-    approval_id = result.meta[APPROVAL_ID_KEY]
-    assert text_of(result) == (
-        f"The tool call is awaiting an operator's approval (approval {approval_id}) "
-        "and has not run. Do not retry it: it runs once approved."
-    )
-    assert result.meta[RUN_ID_KEY] == RUN
-    assert result.meta[TOOL_CALL_ID_KEY] == call
-    assert result.meta[INVOCATION_ID_KEY] == invocation_id(RUN, call)
-    return str(approval_id)
 
 
 async def test_a_governed_call_answers_pending_with_its_console_page_and_runs_nothing(
@@ -189,8 +168,8 @@ async def test_a_governed_call_answers_pending_with_its_console_page_and_runs_no
     async with proxy("--govern", "annotations", "--console-url", f"{CONSOLE}/") as session:
         first = await send_email(session)
         again = await send_email(session)
-    approval_id = assert_pending(first)
-    assert assert_pending(again) == approval_id
+    approval_id = assert_pending(first, RUN, "call-1")
+    assert assert_pending(again, RUN, "call-1") == approval_id
     assert first.meta is not None
     assert first.meta[CONSOLE_URL_KEY] == (
         f"{CONSOLE}/console/runs/{RUN}/invocations/{invocation_id(RUN, 'call-1')}"
@@ -211,7 +190,7 @@ async def test_approved_with_canon_approve_the_retry_runs_the_upstream_once(
     comes back; every later retry gets the recorded answer. No console URL unless asked."""
     async with proxy("--govern", "annotations") as session:
         pending = await send_email(session)
-        assert_pending(pending)
+        assert_pending(pending, RUN, "call-1")
         assert pending.meta is not None and CONSOLE_URL_KEY not in pending.meta
 
         approved = canon(
@@ -240,7 +219,7 @@ async def test_a_denied_call_answers_iserror_with_the_denial(
 ) -> None:
     """``canon deny``: every retry is an isError result with APPROVAL_DENIED; nothing ran."""
     async with proxy("--govern", "annotations") as session:
-        assert_pending(await send_email(session))
+        assert_pending(await send_email(session), RUN, "call-1")
         denied = canon(redis_url, namespace, "deny", RUN, "call-1", "--by", "ops", "--reason", "no")
         assert denied.returncode == 0, denied.stderr
         first = await send_email(session)
@@ -269,8 +248,8 @@ async def test_under_govern_annotations_read_only_tools_run_at_once(
         listed = {tool.name: tool for tool in (await session.list_tools()).tools}
     assert not inbox.is_error and text_of(inbox) == "3 messages"
     assert inbox.meta is not None and APPROVAL_ID_KEY not in inbox.meta
-    assert_pending(archive, "a1")
-    assert_pending(email, "e1")
+    assert_pending(archive, RUN, "a1")
+    assert_pending(email, RUN, "e1")
     assert upstream_ran(ran_file) == [{}]
     # The listing is the upstream's, annotations and all, but a governed tool shows no
     # output schema: its pending answer has no structured content to match one.
@@ -291,9 +270,9 @@ async def test_govern_by_name_governs_the_named_tools_only(
         archive = await call_tool(session, "archive", {"q": "old"}, tool_call_id="a1", run_id=RUN)
         email = await send_email(session, "e1")
         wipe = await call_tool(session, "wipe_all", {}, tool_call_id="w1", run_id=RUN)
-    assert_pending(archive, "a1")
+    assert_pending(archive, RUN, "a1")
     assert not email.is_error and text_of(email) == f"sent to {EMAIL['to']}"
-    assert_pending(wipe, "w1")
+    assert_pending(wipe, RUN, "w1")
     assert upstream_ran(ran_file) == [EMAIL]
 
 
@@ -318,7 +297,7 @@ async def test_an_elicitation_answered_accept_never_approves_a_pending_call(
     to the upstream as its answer, and the call stays pending, undispatched."""
     host = Host()
     async with proxy("--govern", "annotations", host=host) as session:
-        approval_id = assert_pending(await send_email(session))
+        approval_id = assert_pending(await send_email(session), RUN, "call-1")
         asked = await call_tool(
             session,
             "confirm",
@@ -329,7 +308,7 @@ async def test_an_elicitation_answered_accept_never_approves_a_pending_call(
         retried = await send_email(session)
     assert host.asked == [f"Approve call-1 (approval {approval_id})?"]
     assert not asked.is_error and text_of(asked) == "accept: True"
-    assert assert_pending(retried) == approval_id
+    assert assert_pending(retried, RUN, "call-1") == approval_id
     assert upstream_ran(ran_file, "send_email") == []
     record = await store.get(RUN, "call-1")
     assert record is not None and record.state.stage is Stage.AWAITING_APPROVAL

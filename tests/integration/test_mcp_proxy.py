@@ -25,7 +25,7 @@ import pytest
 from mcp import ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import MCPError
-from mcp_types import CallToolResult, TextContent
+from mcp_types import CallToolResult
 
 from canon.integrations.mcp import INVOCATION_ID_KEY, RUN_ID_KEY, TOOL_CALL_ID_KEY, call_tool
 from eventstore import Store
@@ -35,6 +35,7 @@ from projections import ReceiptWorker
 from projections.receipts.inspection import inspect_invocation
 from projections.receipts.journal import JournalState
 from tests.support.log_scan import LOG_FORBIDDEN, forbid_in_logs
+from tests.support.mcp_client import text_of
 from tests.support.ports import free_port
 from tests.support.provider_ids import ACCEPTED
 from tests.support.waiting import wait_for
@@ -134,12 +135,6 @@ def proxy(
         assert "mcp_proxy_started" in log.read_text()
 
     return connect
-
-
-def text_of(result: CallToolResult) -> str:
-    [block] = result.content
-    assert isinstance(block, TextContent)
-    return block.text
 
 
 def upstream_runs(count_file: Path) -> list[str]:

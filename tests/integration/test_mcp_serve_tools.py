@@ -5,14 +5,10 @@ from __future__ import annotations
 import asyncio
 import json
 from collections.abc import AsyncIterator, Mapping
-from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
-import anyio
 import pytest
-from mcp import ClientSession
-from mcp.shared.memory import create_client_server_memory_streams
 from mcp_types import CallToolResult, TextContent
 
 from canon.integrations.mcp import (
@@ -22,11 +18,11 @@ from canon.integrations.mcp import (
     RunOptions,
     call_meta,
     call_tool,
-    serve_tools,
 )
 from eventstore import Projection, Store, ToolBoundary, ToolSpec
 from machine.codes import Status
 from machine.ids import invocation_id
+from tests.support.mcp_client import connected
 from tests.support.provider_ids import ACCEPTED
 
 RUN = "run-mcp"
@@ -65,23 +61,6 @@ def specs(executor: Counting) -> dict[str, ToolSpec]:
         "noargs": ToolSpec(executor=executor, projector=project),
         "forbidden": ToolSpec(executor=executor, projector=project, authorized=False),
     }
-
-
-@asynccontextmanager
-async def connected(
-    boundary: ToolBoundary, tools: Mapping[str, ToolSpec], **options: Any
-) -> AsyncIterator[ClientSession]:
-    """One MCP connection to ``serve_tools`` over in-memory streams."""
-    async with (
-        create_client_server_memory_streams() as (client_streams, server_streams),
-        anyio.create_task_group() as group,
-    ):
-        group.start_soon(lambda: serve_tools(boundary, tools, streams=server_streams, **options))
-        async with ClientSession(*client_streams) as session:
-            await session.initialize()
-            yield session
-        # Closing the client's write side ends the server's read loop.
-        await client_streams[1].aclose()
 
 
 def payload(result: CallToolResult) -> Any:
