@@ -217,25 +217,11 @@ async def measure_scale_out(
     result: dict[str, Any] = {"measured": True, "masters": masters, "tasks": TASKS, "modes": {}}
     single_point = _point(samples[("single", CURVE_MODE)], 1)
     curve = [_curve_point(single_point, single_point, 1, None)]
-    curve.append(
-        _curve_point(
-            _point(samples[("cluster", CURVE_MODE)], masters),
-            single_point,
-            masters,
-            samples[("cluster", LOADED)],
-        )
-    )
-    if larger is not None:
-        more = len(larger.nodes)
-        curve.append(
-            _curve_point(
-                _point(samples[("larger", CURVE_MODE)], more),
-                single_point,
-                more,
-                samples[("larger", LOADED)],
-            )
-        )
-    else:
+    for name, measured in clusters.items():  # the 3 masters, then the larger cluster
+        count = len(measured.nodes)
+        point = _point(samples[(name, CURVE_MODE)], count)
+        curve.append(_curve_point(point, single_point, count, samples[(name, LOADED)]))
+    if larger is None:
         curve.append({"masters": 6, "measured": False, "reason": larger_reason})
     result["curve"] = curve
     for mode in MODES:
