@@ -53,3 +53,14 @@ def log_level(text: str) -> str:
     if level not in LOG_LEVELS or level not in logging.getLevelNamesMapping():
         raise argparse.ArgumentTypeError(f"must be one of {', '.join(LOG_LEVELS)} (got {text!r})")
     return level
+
+
+def positive_float(text: str) -> float:
+    """A finite number of seconds above zero (``0.5``, ``1800``)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not (value > 0 and value != float("inf")):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds above 0 (got {text!r})")
+    return value

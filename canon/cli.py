@@ -2,7 +2,7 @@
 
 ``main(argv) -> int`` returns a named exit code (:mod:`canon.exitcodes`); bad arguments,
 bad settings and an unreachable server give one clear line on standard error, never a
-traceback (:mod:`canon.failures`).
+traceback (:mod:`canon.command_errors`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ from collections.abc import Sequence
 from importlib.metadata import PackageNotFoundError, version
 from typing import Final
 
+from canon.command_errors import database_of, explain, fail, server_of
 from canon.exitcodes import RET_USAGE
-from canon.failures import explain, fail, server_of
 
-#: Subcommands; each is a module under ``canon.commands`` (``-`` spelled ``_``) with
-#: ``register(subparsers)``.
+#: Subcommands; each is a module under ``canon.commands`` with ``register(subparsers)``,
+#: named as the command (``-`` spelled ``_``) unless :data:`_MODULES` names it otherwise.
 COMMANDS: Final = (
     "demo",
     "replay",
@@ -30,11 +30,21 @@ COMMANDS: Final = (
     "status",
     "rebuild",
     "approvals",
+    "settle",
+    "reconcile",
+    "operators",
     "workers",
+    "archive",
+    "erase",
+    "keys",
+    "search",
     "serve",
     "bench",
     "mcp-proxy",
 )
+#: The modules of commands whose name would collide: ``inspect`` (the stdlib's) and
+#: ``mcp-proxy`` (the proxy's own package, :mod:`canon.mcp_proxy`).
+_MODULES: Final = {"inspect": "inspect_invocation", "mcp-proxy": "mcp_proxy_command"}
 #: The distribution ``canon --version`` reports.
 DISTRIBUTION: Final = "canon-store"
 
@@ -77,7 +87,8 @@ def build_parser() -> argparse.ArgumentParser:
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     subparsers.required = True
     for name in COMMANDS:
-        importlib.import_module(f"canon.commands.{name.replace('-', '_')}").register(subparsers)
+        module = _MODULES.get(name, name.replace("-", "_"))
+        importlib.import_module(f"canon.commands.{module}").register(subparsers)
     return parser
 
 
@@ -92,7 +103,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         code: int = args.handler(args)
     except Exception as exc:
-        known = explain(exc, server_of(args))
+        known = explain(exc, server_of(args), database_of(args))
         if known is None:
             raise  # a bug: its traceback is what a report needs
         message, code = known

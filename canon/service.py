@@ -17,9 +17,9 @@ from collections.abc import Callable, Coroutine
 from typing import Any, Final
 
 from canon.argtypes import log_level, non_negative, port_number, positive
+from canon.command_errors import bind_errors
 from canon.exitcodes import RET_OK
-from canon.failures import bind_errors
-from canon.logs import configure_logging
+from canon.logging_setup import configure_logging
 from eventstore.store import Store
 from projections.metrics import Metrics, metrics_server
 from projections.progress import ProgressWorker
@@ -125,7 +125,7 @@ def run_service(
     """Run a long-lived command until it returns; exit 0.
 
     Store and settings errors propagate to ``canon.cli``, which prints them as one line
-    with their exit code (:mod:`canon.failures`).
+    with their exit code (:mod:`canon.command_errors`).
     """
     setup_logging(args)
     freeze_startup_heap()

@@ -4,6 +4,8 @@ from eventstore.boundary import (
     AgentReply,
     ApprovalPending,
     Projection,
+    ReconcileReport,
+    Reconciliation,
     RunContext,
     ToolBoundary,
     ToolCall,
@@ -14,10 +16,12 @@ from eventstore.boundary import (
     reply_to_builtins,
 )
 from eventstore.errors import CanonError, Refused, StoreClosed, StoreUnavailable, WrongEventLoop
+from eventstore.keyring import Keyring
 from eventstore.reader import InvocationRecord, StoredEvent
 from eventstore.runs import OpenedRun, Refusal, RunInfo
 from eventstore.server.durability import DurabilityError
 from eventstore.settings import StoreSettings
+from eventstore.settlements import Settlement
 from eventstore.store import Store
 from eventstore.sync import SyncBoundary, SyncStore
 from eventstore.wire.replication import ReplicationTimeout
@@ -29,14 +33,18 @@ __all__ = [
     "CanonError",
     "DurabilityError",
     "InvocationRecord",
+    "Keyring",
     "Limits",
     "OpenedRun",
     "Projection",
+    "ReconcileReport",
+    "Reconciliation",
     "Refusal",
     "Refused",
     "ReplicationTimeout",
     "RunContext",
     "RunInfo",
+    "Settlement",
     "Store",
     "StoreClosed",
     "StoreSettings",

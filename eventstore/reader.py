@@ -6,6 +6,7 @@ refresh an expiry, so reading a record never changes when it expires.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import lru_cache
 from typing import cast
 
@@ -13,9 +14,11 @@ import msgspec
 from redis.asyncio import Redis
 
 from eventstore.errors import CanonError, redis_errors
+from eventstore.sealing import Seals
 from eventstore.wire.keys import Keys
-from machine.events import Event, decode_event, event_hash
+from machine.events import Event, decode_event, event_hash, payload_digest
 from machine.fold import InvocationState, state_from_record
+from machine.results import resolve_result
 
 #: Event hashes by event bytes: a stream is hashed when read back and again when audited.
 _hash_of = lru_cache(maxsize=4096)(event_hash)
@@ -37,6 +40,8 @@ class InvocationRecord(msgspec.Struct, frozen=True, kw_only=True):
     request: bytes
     raw: bytes | None = None
     result: bytes | None = None
+    #: When the run's payloads were erased (``request`` is then empty), else None.
+    erased_at_ms: int | None = None
 
 
 class StoredEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -78,14 +83,17 @@ def record_from_hash(raw: dict[bytes, bytes]) -> InvocationRecord:
 
     """
     fields = _str_fields(raw)
+    erased = fields.get("erased_at_ms")
     try:
         return InvocationRecord(
             state=state_from_record(fields),
             invocation_id=fields["invocation_id"],
             expires_at_ms=int(fields["expires_at_ms"]),
-            request=raw[b"request"],
+            # An erased record has no payload left (eventstore.erasure).
+            request=raw.get(b"request", b"") if erased is not None else raw[b"request"],
             raw=raw.get(b"raw"),
-            result=raw.get(b"result"),
+            result=resolve_result(raw.get(b"result"), raw.get(b"raw")),
+            erased_at_ms=int(erased) if erased is not None else None,
         )
     except (KeyError, ValueError, msgspec.ValidationError) as exc:
         raise CorruptRecord(type(exc).__name__) from None
@@ -119,11 +127,31 @@ def stored_events(entries: list[tuple[bytes, dict[bytes, bytes]]]) -> list[Store
 
 
 class Reader:
-    """Reads records and streams of one namespace."""
+    """Reads records and streams of one namespace.
 
-    def __init__(self, client: Redis, keys: Keys) -> None:
+    With ``seals`` (a keyring), :meth:`get` and :meth:`select` hand back payloads opened
+    (:mod:`eventstore.sealing`); without, sealed payloads are returned as stored.
+    """
+
+    def __init__(self, client: Redis, keys: Keys, seals: Seals | None = None) -> None:
         self._client = client
         self._keys = keys
+        self._seals = seals
+
+    async def digest_of(self, run_id: str) -> Callable[[bytes], str]:
+        """How a run's payload digests are taken (a keyring: keyed, else SHA-256).
+
+        Keyed by the run's data key when this reader has a keyring and the run has one
+        (:meth:`eventstore.sealing.Seals.digest_for`).
+
+        Raises:
+            UnknownKey, KeyringError: the run's data key does not open with the keyring.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        if self._seals is None:
+            return payload_digest
+        return await self._seals.digest_for(run_id)
 
     async def fields(self, run_id: str, tool_call_id: str) -> dict[bytes, bytes]:
         """Return the record's raw hash fields ({} when absent or expired)."""
@@ -137,24 +165,42 @@ class Reader:
         """Return the named record fields that are set ({} when the record is absent).
 
         One HMGET: the large payloads that :meth:`fields` would carry stay in Redis.
+        With a keyring, the payload fields named are opened.
+
+        Raises:
+            SealBroken, KeyErased, UnknownKey, KeyringError: (with a keyring) a sealed
+                payload does not open.
+            StoreUnavailable: Redis failed or timed out.
+
         """
         async with redis_errors():
             values = cast(
                 list[bytes | None],
                 await self._client.hmget(self._keys.record(run_id, tool_call_id), names),
             )
-        return {name: value for name, value in zip(names, values, strict=True) if value is not None}
+        found = {
+            name: value for name, value in zip(names, values, strict=True) if value is not None
+        }
+        if self._seals is not None:
+            return await self._seals.open_fields(run_id, tool_call_id, found)
+        return found
 
     async def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None when it is absent or expired.
 
         Raises:
             CorruptRecord: the stored hash is not a valid record.
+            SealBroken, KeyErased, UnknownKey, KeyringError: (with a keyring) a sealed
+                payload does not open.
             StoreUnavailable: Redis failed or timed out.
 
         """
         raw = await self.fields(run_id, tool_call_id)
-        return record_from_hash(raw) if raw else None
+        if not raw:
+            return None
+        if self._seals is not None:
+            raw = await self._seals.open_fields(run_id, tool_call_id, raw)
+        return record_from_hash(raw)
 
     async def events(self, run_id: str, tool_call_id: str) -> list[StoredEvent]:
         """Return the invocation's events in order ([] when the stream is absent)."""

@@ -8,20 +8,26 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import math
 import secrets
+import time
 from collections.abc import Mapping
-from typing import Any, Final, cast
+from datetime import datetime, timedelta
+from typing import Any, Final, TypeAlias, cast
 
 import msgspec
 from redis.asyncio import Redis
 
-from eventstore.errors import InvalidArgument, redis_errors
-from eventstore.wire.keys import Keys, shard_of
+from eventstore.errors import CanonError, InvalidArgument, redis_errors
+from eventstore.wire.keys import Keys, registered_call_id, shard_of
 from eventstore.wire.lua import NOTHING, flat
 from eventstore.wire.scripts import (
     OpenRunArgv,
     OpenRunKeys,
     OpenRunScript,
+    PauseRunArgv,
+    PauseRunKeys,
+    PauseRunScript,
     Scripts,
     UpdateRunKeys,
     UpdateRunScript,
@@ -30,6 +36,47 @@ from eventstore.wire.scripts import (
 from machine.ids import is_run_id, is_tool_name
 
 _TOKEN_PREFIX: Final = "cr1"  # noqa: S105 (a format marker, not a secret)
+
+#: What a run's ``deadline`` may be: how long from now (a ``timedelta``, or a number of
+#: seconds), or when (a timezone-aware ``datetime``).
+Deadline: TypeAlias = timedelta | float | datetime
+
+
+def deadline_ms(deadline: Deadline, now_ms: int) -> int:
+    """The absolute deadline, in milliseconds since the epoch, of a run's ``deadline``.
+
+    Args:
+        deadline: a ``timedelta`` or a number of seconds (an ``int`` or a finite
+            ``float``) from ``now_ms``, or a timezone-aware ``datetime``.
+        now_ms: the time a relative deadline counts from.
+
+    Raises:
+        InvalidArgument: anything else: a naive ``datetime``, a ``date``, a ``bool``, a
+            string, NaN or an infinity, or a deadline beyond the year 9999.
+
+    """
+    if isinstance(deadline, datetime):
+        if deadline.tzinfo is None or deadline.utcoffset() is None:
+            raise InvalidArgument(
+                "deadline must be timezone-aware (datetime.now(timezone.utc) + ...), "
+                "or a timedelta or a number of seconds from now"
+            )
+        return int(deadline.timestamp() * 1000)
+    if isinstance(deadline, timedelta):
+        return now_ms + int(deadline.total_seconds() * 1000)
+    # bool is an int; True seconds is a mistake, not a deadline.
+    if isinstance(deadline, int | float) and not isinstance(deadline, bool):
+        if math.isfinite(deadline) and abs(deadline) < _LONGEST_DEADLINE_S:
+            return now_ms + int(deadline * 1000)
+        raise InvalidArgument("deadline must be a finite number of seconds")
+    raise InvalidArgument(
+        "deadline must be a timedelta, a number of seconds or a timezone-aware datetime "
+        f"(got {type(deadline).__name__})"
+    )
+
+
+#: More seconds than any datetime holds (the year 9999): beyond it a number is a mistake.
+_LONGEST_DEADLINE_S: Final = 3e11
 
 
 class OpenedRun(msgspec.Struct, frozen=True, kw_only=True):
@@ -42,6 +89,47 @@ class OpenedRun(msgspec.Struct, frozen=True, kw_only=True):
 
     def __repr__(self) -> str:
         return f"OpenedRun(run_id={self.run_id!r}, access_token=<hidden>)"
+
+
+class RunPause(msgspec.Struct, frozen=True, kw_only=True):
+    """Who paused a run, why and since when (``at_ms`` None: not recorded)."""
+
+    by: str
+    reason: str
+    at_ms: int | None
+
+
+class PauseOutcome(msgspec.Struct, frozen=True, kw_only=True):
+    """What pausing or unpausing a run did.
+
+    Attributes:
+        run_id: the run.
+        paused: whether the run is paused now.
+        changed: True when this request set the switch; False when the run was so already
+            (``by``, ``reason`` and ``at_ms`` are then those of whoever set it).
+        by: who set the switch as it stands.
+        reason: why.
+        at_ms: when (None: not recorded).
+
+    """
+
+    run_id: str
+    paused: bool
+    changed: bool
+    by: str
+    reason: str
+    at_ms: int | None
+
+
+class RunClosed(CanonError):
+    """Raised when a run that is closed, or past its deadline, would be paused.
+
+    Nothing of such a run runs any more: there is nothing to pause.
+    """
+
+    def __init__(self, run_id: str) -> None:
+        super().__init__(f"run {run_id} is closed or past its deadline: nothing of it runs")
+        self.run_id = run_id
 
 
 class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
@@ -66,6 +154,10 @@ class RunInfo(msgspec.Struct, frozen=True, kw_only=True):
     paused: bool = False
     #: Its governed calls waiting for an operator's decision.
     awaiting_approval: int = 0
+    #: Who paused it, why and since when (None while it is not paused).
+    pause: RunPause | None = None
+    #: Its governed calls approved and not dispatched yet (waiting for their resume).
+    approved: int = 0
 
 
 class Refusal(msgspec.Struct, frozen=True, kw_only=True):
@@ -97,6 +189,8 @@ REFUSED_PREFIX: Final = "refused:"
 FAILED_PREFIX: Final = "failed:"
 #: The run hash's count of its governed calls waiting for a decision (the scripts keep it).
 AWAITING_FIELD: Final = "awaiting_approval"
+#: The run hash's count of its governed calls approved and not dispatched yet.
+APPROVED_FIELD: Final = "approved"
 #: Set in the run hash when the run counts its failures (runs opened by earlier
 #: versions do not).
 FAILURES_COUNTED: Final = "failures_counted"
@@ -146,6 +240,18 @@ def run_id_of_token(token: str) -> str | None:
 
 def _int(value: bytes | None) -> int | None:
     return int(value) if value is not None else None
+
+
+def pause_of(fields: Mapping[str, bytes]) -> RunPause | None:
+    """Who paused a run, why and since when, from its hash's fields (None: not paused)."""
+    if fields.get("paused") != b"1":
+        return None
+    at = fields.get("paused_at_ms")
+    return RunPause(
+        by=fields.get("paused_by", b"").decode("utf-8", "replace"),
+        reason=fields.get("paused_reason", b"").decode("utf-8", "replace"),
+        at_ms=int(at) if at is not None and at.isdigit() else None,
+    )
 
 
 class RunRegistry:
@@ -221,8 +327,11 @@ class RunRegistry:
         )
 
     async def close(self, run_id: str) -> bool:
-        """Mark a run inactive; later calls are refused. False when the run is unknown."""
-        return await self._update(run_id, "active", 0)
+        """Mark a run inactive; later calls are refused. False when the run is unknown.
+
+        The time of the close is kept (``closed_at_ms``) for the run's history.
+        """
+        return await self._update(run_id, "active", 0, "closed_at_ms", time.time_ns() // 1_000_000)
 
     async def revoke_token(self, run_id: str) -> bool:
         """Withdraw the run's access token: nothing of the run can be read with it again."""
@@ -230,23 +339,42 @@ class RunRegistry:
 
     async def set_paused(
         self, run_id: str, paused: bool, *, by: str, reason: str, at_ms: int
-    ) -> bool:
-        """Set the run's pause switch, keeping who set it, when and why.
+    ) -> PauseOutcome | None:
+        """Set the run's pause switch, keeping who set it, when and why (``pause_run.lua``).
 
-        Only an existing run hash is written (never created). False when the run is
-        unknown or expired.
+        A run paused already stays as it was paused (its who, why and when are answered,
+        ``changed`` False); the same for unpausing a run that is not paused. Only an
+        existing run hash is written. None when the run is unknown or expired.
+
+        Raises:
+            RunClosed: pausing a run that is closed or past its deadline.
+            StoreUnavailable: Redis failed or timed out.
+
         """
-        word = "paused" if paused else "unpaused"
-        return await self._update(
-            run_id,
-            "paused",
-            int(paused),
-            f"{word}_by",
-            by,
-            f"{word}_reason",
-            reason,
-            f"{word}_at_ms",
-            at_ms,
+        if not is_run_id(run_id):
+            return None
+        done, already = await self._scripts.pause_run(
+            PauseRunScript.arguments(
+                PauseRunKeys(self._keys.run(run_id)),
+                PauseRunArgv(paused=int(paused), by=by, reason=reason, at_ms=at_ms),
+            )
+        )
+        if done == "unknown":
+            return None
+        if done == "closed":
+            raise RunClosed(run_id)
+        if done == "done":
+            return PauseOutcome(
+                run_id=run_id, paused=paused, changed=True, by=by, reason=reason, at_ms=at_ms
+            )
+        who, why, when = already
+        return PauseOutcome(
+            run_id=run_id,
+            paused=paused,
+            changed=False,
+            by=who,
+            reason=why,
+            at_ms=int(when) if when.isdigit() else None,
         )
 
     async def revoke_tool(self, run_id: str, tool: str) -> bool:
@@ -284,6 +412,9 @@ class RunRegistry:
             failed=prefixed_counts(fields, FAILED_PREFIX),
             paused=fields.get("paused") == b"1",
             awaiting_approval=int(fields.get(AWAITING_FIELD, b"0")),
+            pause=pause_of(fields),
+            # A call approved before runs counted them is counted out only: never below 0.
+            approved=max(int(fields.get(APPROVED_FIELD, b"0")), 0),
         )
 
     async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:
@@ -326,4 +457,4 @@ class RunRegistry:
                 bytes | None,
                 await self._client.hget(self._keys.run(run_id), f"inv:{invocation_id}"),
             )
-        return value.decode() if value is not None else None
+        return registered_call_id(value) if value is not None else None

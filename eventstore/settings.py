@@ -19,6 +19,7 @@ from eventstore.server.durability import DurabilityMode
 from eventstore.wire.keys import DEFAULT_NAMESPACE, DEFAULT_SHARDS
 from eventstore.wire.replication import DEFAULT_REPLICA_TIMEOUT_MS
 from machine.limits import Limits
+from machine.phases import DEFAULT_LEASE_MS
 from machine.scrub import Scrub, scrub_secrets, scrubber
 
 DEFAULT_TTL: Final = timedelta(days=1)
@@ -58,9 +59,15 @@ class StoreSettings:
             callable ``str -> str`` (which replaces the default).
         refusals_kept: how many entries each run's refusal log keeps (the newest; see
             :meth:`~eventstore.store.Store.refusals`).
+        lease: how long a call in flight is held by the process running it without a
+            word from it (default 30 seconds). The process renews it every third of it
+            while the tool runs; once it has passed, by the server's clock, the process
+            is taken to be gone: a retry of an ungoverned call takes it over, a reconcile
+            or an operator settles a governed one, and the sweep ends what nobody retries.
 
     Raises:
-        InvalidArgument: ``ttl`` is not positive, or ``refusals_kept`` is below 1.
+        InvalidArgument: ``ttl`` is not positive, ``refusals_kept`` is below 1, or
+            ``lease`` is under 100 ms.
 
     """
 
@@ -75,12 +82,15 @@ class StoreSettings:
     read_only: bool = False
     scrub: Scrub = scrub_secrets
     refusals_kept: int = 1000
+    lease: timedelta = timedelta(milliseconds=DEFAULT_LEASE_MS)
 
     def __post_init__(self) -> None:
         if self.ttl <= timedelta(0):
             raise InvalidArgument("ttl must be positive")
         if type(self.refusals_kept) is not int or self.refusals_kept < 1:
             raise InvalidArgument("refusals_kept must be a whole number of at least 1")
+        if not isinstance(self.lease, timedelta) or self.lease < timedelta(milliseconds=100):
+            raise InvalidArgument("lease must be a timedelta of at least 100 ms")
 
     @property
     def shard_count(self) -> int:
@@ -91,6 +101,11 @@ class StoreSettings:
     def ttl_ms(self) -> int:
         """The record TTL in milliseconds."""
         return milliseconds(self.ttl)
+
+    @property
+    def lease_ms(self) -> int:
+        """The lease of a call in flight, in milliseconds."""
+        return milliseconds(self.lease)
 
     @property
     def feed_retention_ms(self) -> int:
@@ -125,3 +140,4 @@ class StoreOptions(TypedDict, total=False):
     read_only: bool
     scrub: Scrub | Iterable[str] | None
     refusals_kept: int
+    lease: timedelta

@@ -9,11 +9,12 @@ access stays inside this package and the packages built on it (see the seam in t
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Mapping
-from datetime import datetime, timedelta
+import functools
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
 from types import TracebackType
-from typing import Self, Unpack, cast
+from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar, Unpack, cast
 
+import msgspec
 from redis.asyncio import BlockingConnectionPool, Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
@@ -21,19 +22,28 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from eventstore.decisions import Decision, Decisions
-from eventstore.errors import InvalidArgument, NamespaceMismatch, WrongEventLoop, redis_errors
+from eventstore.decisions import Decision, DecisionRequest, Decisions
+from eventstore.erasure import Erasure, erase_run
+from eventstore.errors import (
+    NamespaceMismatch,
+    NoSuchDatabase,
+    StoreUnavailable,
+    WrongEventLoop,
+    redis_errors,
+)
+from eventstore.keyring import Keyring
 from eventstore.reader import InvocationRecord, Reader, StoredEvent
-from eventstore.runs import OpenedRun, Refusal, RunInfo, RunRegistry
+from eventstore.runs import Deadline, OpenedRun, Refusal, RunInfo, RunRegistry, deadline_ms
+from eventstore.sealing import Seals
 from eventstore.server.durability import DurabilityMode, DurabilityReport, check_durability
 from eventstore.settings import (
     DEFAULT_TTL,
     FEED_GRACE,
     StoreOptions,
     StoreSettings,
-    milliseconds,
 )
-from eventstore.wire.batching import ScriptBatcher
+from eventstore.settlements import Settlement, SettlementRequest, Settlements
+from eventstore.wire.batching import ScriptBatcher, ScriptCalls
 from eventstore.wire.cluster import (
     cluster_client,
     cluster_of,
@@ -47,12 +57,50 @@ from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_repli
 from eventstore.wire.scripts import Scripts
 from eventstore.writer import Writer, now_ms
 from machine.ids import is_run_id
+from machine.limits import Limits, decode_limits, encode_limits
 
 __all__ = ["DEFAULT_TTL", "FEED_GRACE", "Store", "StoreSettings"]
 
 #: Connections (on a cluster, commands in flight) of a store built by ``from_url``; a
 #: cluster store adds two per shard for the projection workers' blocking reads.
 DEFAULT_MAX_CONNECTIONS = 64
+
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+def server_address(client: Redis | RedisCluster) -> tuple[str, int | None]:
+    """Where ``client`` connects: ``host:port`` (or ``unix socket PATH``), and its database.
+
+    Read from the client's settings, never from its URL: no user name or password. On a
+    cluster, the nodes it was given (and no database).
+    """
+    cluster = cluster_of(client)
+    if cluster is not None:
+        return ", ".join(cluster.nodes_manager.startup_nodes) or "a Redis Cluster", None
+    settings = cast(Redis, client).connection_pool.connection_kwargs
+    database = settings.get("db")
+    number = int(database) if isinstance(database, int | str) and str(database).isdigit() else 0
+    if settings.get("path"):
+        return f"unix socket {settings['path']}", number
+    return f"{settings.get('host', 'localhost')}:{settings.get('port', 6379)}", number
+
+
+def _naming_server(
+    method: Callable[Concatenate[Store, _P], Awaitable[_R]],
+) -> Callable[Concatenate[Store, _P], Coroutine[Any, Any, _R]]:
+    """A public method of the store whose :class:`StoreUnavailable` names the server."""
+
+    @functools.wraps(method)
+    async def named(store: Store, /, *args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return await method(store, *args, **kwargs)
+        except StoreUnavailable as exc:
+            store.name_server(exc)
+            raise
+
+    return named
 
 
 def namespace_keys(keys: Keys, layout: bytes | None) -> Keys:
@@ -66,6 +114,10 @@ def namespace_keys(keys: Keys, layout: bytes | None) -> Keys:
     if number not in LAYOUTS:
         raise NamespaceMismatch("namespace uses a key layout this version does not know")
     return keys if number == keys.layout else Keys(keys.namespace, keys.shards, number)
+
+
+#: ``{ns}:meta`` field of the limits the namespace's records were written under.
+NAMESPACE_LIMITS_FIELD: Final = "limits"
 
 
 class Store:
@@ -96,6 +148,9 @@ class Store:
     * ``reader``: read-only access to records and streams, never touching a TTL (the
       boundary's replayed retries and closing of interrupted calls).
     * ``batch_stats``: what the auto-pipelining did (the benchmark reports it).
+    * ``keyring`` and ``seals``: the keyring payloads are encrypted with, and the runs'
+      data keys (:mod:`eventstore.sealing`), both None without one: for the audit tools
+      that open payloads, ``canon keys rewrap`` and the console's ``encrypted`` label.
 
     The scripts and the batcher stay private: they are how the store does
     its work, not something to build on.
@@ -109,9 +164,14 @@ class Store:
         self,
         client: Redis | RedisCluster,
         settings: StoreSettings | None = None,
+        *,
+        keys: Keyring | None = None,
         **options: Unpack[StoreOptions],
     ) -> None:
         """Build a store on ``client`` with ``settings``, and ``options`` on top of them.
+
+        ``keys``: a keyring (:mod:`eventstore.keyring`): payloads are then encrypted at
+        rest, and read back opened (see :meth:`from_url`).
 
         Raises:
             InvalidArgument: a setting is out of range (``ttl``, ``namespace``,
@@ -126,9 +186,13 @@ class Store:
             cluster=cluster_of(client) is not None,
         )
         self.settings = settings
+        #: Where the store connects (``host:port``, ``unix socket PATH``, or the cluster
+        #: nodes it was given), and the database number (None on a cluster): what its
+        #: :class:`~eventstore.errors.StoreUnavailable` errors name. Never a password.
+        self.address, self.database = server_address(client)
         self.cluster = cluster_of(client)
         self.client = store_client(client)
-        self._batcher: ScriptBatcher | ClusterScriptBatcher
+        self._batcher: ScriptCalls
         if settings.replicas:
             self._batcher = ReplicaAcknowledgedCalls(
                 self.client, replicas=settings.replicas, timeout_ms=settings.replica_timeout_ms
@@ -138,6 +202,8 @@ class Store:
         else:
             self._batcher = ScriptBatcher(self.client)
         self._scripts = Scripts(self.client, self._batcher)
+        #: The keyring payloads are encrypted with, or None (stored as given).
+        self.keyring = keys
         self.use_keys(Keys(settings.namespace, settings.shard_count))
         self._loop: asyncio.AbstractEventLoop | None = None
 
@@ -148,6 +214,10 @@ class Store:
         read-only audit tools do the same.
         """
         self.keys = keys
+        #: The runs' data keys (None without a keyring), shared by writer and reader.
+        self.seals = (
+            None if self.keyring is None else Seals(self.client, keys, self._scripts, self.keyring)
+        )
         self.writer = Writer(
             self.client,
             keys,
@@ -155,11 +225,16 @@ class Store:
             ttl_ms=self.settings.ttl_ms,
             feed_retention_ms=self.settings.feed_retention_ms,
             refusals_kept=self.settings.refusals_kept,
+            lease_ms=self.settings.lease_ms,
+            seals=self.seals,
         )
-        self._reader = Reader(self.client, keys)
+        self._reader = Reader(self.client, keys, self.seals)
         self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)
         #: Operators' decisions and runs' pause switches (:mod:`eventstore.decisions`).
         self.decisions = Decisions(self._reader, self.writer, self.runs, self.settings.limits)
+        #: Operators' settlements of calls whose process died, and calls requested again
+        #: (:mod:`eventstore.settlements`).
+        self.settlements = Settlements(self._reader, self.writer, self.settings.ttl_ms)
 
     @classmethod
     def from_url(
@@ -169,6 +244,7 @@ class Store:
         *,
         max_connections: int | None = None,
         cluster: bool = False,
+        keys: Keyring | None = None,
         **options: Unpack[StoreOptions],
     ) -> Store:
         """Build a store on ``redis://``, ``rediss://`` or ``unix://`` ``url``.
@@ -192,6 +268,12 @@ class Store:
         :mod:`eventstore.server.durability`). With ``replicas`` > 0 an append is acknowledged
         only once that many replicas have it, waiting at most ``replica_timeout_ms``
         (see :mod:`eventstore.wire.replication`).
+
+        With ``keys`` (a :class:`~eventstore.keyring.Keyring`), every payload (request,
+        frozen arguments, raw response, agent result, failure detail, settlement
+        evidence) is encrypted before it leaves the process, with a data key per run
+        wrapped by the keyring's current key; reads through this store open them. Without
+        one, payloads are stored as given (see ``docs/encryption.md``).
 
         A ``read_only`` store is for processes that only read (``canon serve`` without
         workers, a reader ACL user): entering it writes nothing, not even the namespace
@@ -219,7 +301,7 @@ class Store:
                 decode_responses=False,
             )
             client = Redis.from_pool(pool)
-        return cls(client, settings)
+        return cls(client, settings, keys=keys)
 
     @property
     def reader(self) -> Reader:
@@ -248,6 +330,14 @@ class Store:
                 raise WrongEventLoop
             self._loop = loop
 
+    def name_server(self, error: StoreUnavailable) -> None:
+        """Name this store's server (and database) in ``error``, unless it names one."""
+        if error.server is None:
+            error.server = self.address
+        if isinstance(error, NoSuchDatabase) and error.database is None:
+            error.database = self.database
+
+    @_naming_server
     async def __aenter__(self) -> Self:
         self.check_loop()
         try:
@@ -274,6 +364,7 @@ class Store:
         await self._batcher.close()
         await self.client.aclose()
 
+    @_naming_server
     async def check_namespace(self) -> None:
         """Record a new namespace's shard count and key layout, or adopt an existing one's.
 
@@ -297,6 +388,12 @@ class Store:
         meta = self.keys.meta()
         async with redis_errors():
             reply = await self.client.hmget(meta, ["shards", "layout"])
+            if self.settings.limits != Limits() and not self.settings.read_only:
+                # Limits of its own (canon mcp-proxy's suit files and images): recorded, so
+                # every reader judges this namespace's records by them (namespace_limits).
+                await self.client.hset(
+                    meta, NAMESPACE_LIMITS_FIELD, encode_limits(self.settings.limits)
+                )
             if reply[0] is None and not self.settings.read_only:
                 # The layout goes in before the shard count: whoever sees the shard count
                 # of a namespace this version created also sees its layout.
@@ -323,6 +420,31 @@ class Store:
         if keys != self.keys:
             self.use_keys(keys)
 
+    @_naming_server
+    async def namespace_limits(self) -> Limits:
+        """The limits the namespace's records were written under (read-only, no TTL touched).
+
+        Those a store opened with limits of its own recorded (the latest such store's, as
+        ``canon mcp-proxy`` records its flags' sizes), else this store's own: what the
+        console judges a record's sizes by.
+
+        Raises:
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        self.check_loop()
+        async with redis_errors():
+            stored = cast(
+                bytes | None, await self.client.hget(self.keys.meta(), NAMESPACE_LIMITS_FIELD)
+            )
+        if stored is None:
+            return self.settings.limits
+        try:
+            return decode_limits(stored)
+        except (msgspec.DecodeError, msgspec.ValidationError, ValueError):
+            return self.settings.limits
+
+    @_naming_server
     async def check_durability(self, mode: DurabilityMode | None = None) -> DurabilityReport | None:
         """Judge the server's persistence, eviction policy and replicas (default: own mode).
 
@@ -338,39 +460,52 @@ class Store:
             replicas=self.settings.replicas,
         )
 
+    @_naming_server
     async def open_run(
         self,
         run_id: str,
         *,
-        deadline: datetime | timedelta,
+        deadline: Deadline,
         budget: int | None = None,
         tools: Mapping[str, int | None] | None = None,
     ) -> OpenedRun:
-        """Register a run; see :meth:`RunRegistry.open`. ``deadline`` may be relative."""
-        self.check_loop()
-        if isinstance(deadline, timedelta):
-            deadline_ms = now_ms() + milliseconds(deadline)
-        else:
-            if deadline.tzinfo is None:
-                raise InvalidArgument("deadline must be timezone-aware")
-            deadline_ms = int(deadline.timestamp() * 1000)
-        return await self.runs.open(run_id, deadline_ms=deadline_ms, budget=budget, tools=tools)
+        """Register a run; see :meth:`RunRegistry.open`.
 
+        ``deadline`` is how long from now the run accepts calls (a ``timedelta``, or a
+        number of seconds such as ``300``), or when it stops (a timezone-aware
+        ``datetime``).
+
+        Raises:
+            InvalidArgument: ``deadline`` is none of those (a naive ``datetime``, a string,
+                NaN ...), or the run id, a tool name or a budget is not acceptable.
+            DeadlinePassed: the deadline has passed (an InvalidArgument).
+            RunExists: the run id is already registered.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        self.check_loop()
+        absolute_ms = deadline_ms(deadline, now_ms())
+        return await self.runs.open(run_id, deadline_ms=absolute_ms, budget=budget, tools=tools)
+
+    @_naming_server
     async def close_run(self, run_id: str) -> bool:
         """Mark a run inactive; False when the run is unknown."""
         self.check_loop()
         return await self.runs.close(run_id)
 
+    @_naming_server
     async def revoke_token(self, run_id: str) -> bool:
         """Withdraw a run's access token (receipts stop answering it); False when unknown."""
         self.check_loop()
         return await self.runs.revoke_token(run_id)
 
+    @_naming_server
     async def run_info(self, run_id: str) -> RunInfo | None:
         """Return a run's registry entry, or None."""
         self.check_loop()
         return await self.runs.info(run_id)
 
+    @_naming_server
     async def refusals(self, run_id: str, *, limit: int = 100) -> list[Refusal]:
         """Return the run's latest refusals, newest first (at most ``limit``).
 
@@ -386,6 +521,7 @@ class Store:
         self.check_loop()
         return await self.runs.refusals(run_id, limit=limit)
 
+    @_naming_server
     async def set_paused(self, paused: bool) -> None:
         """Pause or resume tool execution in the whole namespace (every shard's switch)."""
         self.check_loop()
@@ -394,6 +530,7 @@ class Store:
                 pipe.hset(self.keys.control(shard), "paused", int(paused))
             await pipe.execute()
 
+    @_naming_server
     async def is_paused(self) -> bool:
         """Tell whether execution is paused."""
         self.check_loop()
@@ -401,6 +538,7 @@ class Store:
             value = await self.client.hget(self.keys.control(0), "paused")
         return value == b"1"
 
+    @_naming_server
     async def decide(
         self,
         run_id: str,
@@ -414,10 +552,15 @@ class Store:
         """Approve or deny a governed call waiting for a decision; the first one wins.
 
         For a harness that authenticates its own operators: ``by`` is whom it
-        authenticated. See :meth:`eventstore.decisions.Decisions.decide`.
+        authenticated, and is recorded as the approver as given (canon's own operator
+        doors pass the name an operator's credential names instead). The identity that
+        requested the call never approves it; a call that needs several approvals gets
+        each from a distinct ``by``. See :meth:`eventstore.decisions.Decisions.decide`.
 
         Raises:
-            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long.
+            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long, or
+                ``by`` is a run's identity (``run:...``).
+            RequesterCannotApprove: ``by`` requested the call.
             NotAwaitingApproval: no such governed call, or it never awaited a decision.
             StoreUnavailable: Redis failed or timed out.
 
@@ -426,32 +569,112 @@ class Store:
         return await self.decisions.decide(
             run_id,
             tool_call_id,
-            approve=approve,
-            by=by,
-            reason=reason,
-            decision_id=decision_id,
+            DecisionRequest(
+                approve=approve,
+                by=by,
+                reason=reason,
+                decision_id=decision_id,
+            ),
         )
 
-    async def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
-        """Pause one run: none of its calls is recorded or dispatched until unpaused.
+    @_naming_server
+    async def erase_run(
+        self, run_id: str, *, by: str, reason: str, wait_s: float = 30.0, force: bool = False
+    ) -> Erasure:
+        """Erase a run's payloads from Redis, atomically, leaving its tombstone.
 
-        Beside the namespace's pause (:meth:`set_paused`); decisions, receipts, replay and
-        the console keep working. Who, when and why are kept on the run. False when the
-        run is unknown or expired.
+        Closes the run; deletes the request, raw response, agent result and failure
+        detail of each of its records, and the run's data key when payloads are
+        encrypted (every other copy of them is then unreadable); keeps who, when and why
+        on the run. Events,
+        digests and the chain stay, so replay and verify judge the run intact and say
+        it was erased; a governed call of it never runs (``RUN_ERASED``). Waits up to
+        ``wait_s`` for calls still running (``force`` erases them too). See
+        :mod:`eventstore.erasure`.
 
         Raises:
-            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long.
+            InvalidArgument: an unsafe run id, or ``by``/``reason`` empty or too long.
+            RunNotFound: the run is not in Redis.
+            CallsInFlight: a call was still running after ``wait_s``.
             StoreUnavailable: Redis failed or timed out.
 
         """
         self.check_loop()
-        return await self.decisions.set_run_paused(run_id, True, by=by, reason=reason)
+        erasure = await erase_run(
+            self.client,
+            self.keys,
+            self._scripts,
+            run_id,
+            by=by,
+            reason=reason,
+            wait_s=wait_s,
+            force=force,
+        )
+        if self.seals is not None:
+            self.seals.forget(run_id)  # its data key is deleted: not kept here either
+        return erasure
 
+    @_naming_server
+    async def settle(
+        self,
+        run_id: str,
+        tool_call_id: str,
+        *,
+        executed: bool,
+        by: str,
+        evidence: str,
+    ) -> Settlement:
+        """Settle a call whose process died after its dispatch: it ran, or it did not.
+
+        For a harness that authenticates its own operators (canon's doors pass the name
+        an operator's credential names): ``by`` is recorded as given, with the digest of
+        ``evidence``, in the call's chain. The call ends ERROR RECONCILED_EXECUTED (it
+        ran; its result is not recorded) or RECONCILED_NOT_EXECUTED (it did not run; it
+        is never run again by itself), once its lease lapsed; the first settlement wins.
+        See :meth:`eventstore.settlements.Settlements.settle`.
+
+        Raises:
+            InvalidArgument: ``by`` or ``evidence`` is empty, not printable or too long.
+            NotInFlight: no such call, or it is not in flight.
+            CallStillRunning: its process still holds its lease.
+            RawResponseRecorded: settled as not executed, but its raw response is recorded.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        self.check_loop()
+        return await self.settlements.settle(
+            run_id,
+            tool_call_id,
+            SettlementRequest(executed=executed, by=by, evidence=evidence),
+        )
+
+    @_naming_server
+    async def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
+        """Pause one run: none of its calls is recorded or dispatched until unpaused.
+
+        Beside the namespace's pause (:meth:`set_paused`); decisions, receipts, replay and
+        the console keep working. Who, when and why are kept on the run; a run paused
+        already stays paused as it was (its who, why and when are kept). False when the
+        run is unknown or expired (``store.decisions.set_run_paused`` says more).
+
+        Raises:
+            InvalidArgument: ``by`` or ``reason`` is empty, not printable or too long.
+            RunClosed: the run is closed or past its deadline.
+            StoreUnavailable: Redis failed or timed out.
+
+        """
+        self.check_loop()
+        done = await self.decisions.set_run_paused(run_id, True, by=by, reason=reason)
+        return done is not None
+
+    @_naming_server
     async def unpause_run(self, run_id: str, *, by: str, reason: str) -> bool:
         """Lift one run's pause (who, when and why are kept). False when the run is unknown."""
         self.check_loop()
-        return await self.decisions.set_run_paused(run_id, False, by=by, reason=reason)
+        done = await self.decisions.set_run_paused(run_id, False, by=by, reason=reason)
+        return done is not None
 
+    @_naming_server
     async def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None when absent, expired or the ids are unsafe.
 
@@ -462,6 +685,7 @@ class Store:
             return None
         return await self._reader.get(run_id, tool_call_id)
 
+    @_naming_server
     async def events(self, run_id: str, tool_call_id: str) -> list[StoredEvent]:
         """Return the invocation's stored events in order (read-only)."""
         self.check_loop()

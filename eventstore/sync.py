@@ -27,22 +27,25 @@ import math
 import threading
 import time
 from collections.abc import Callable, Coroutine, Mapping, Sequence
-from datetime import datetime, timedelta
+from datetime import timedelta
 from types import TracebackType
 from typing import Any, Final, Self, TypeVar
 
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
-from eventstore.approvals import WaitingCalls, pending_approvals
+from eventstore.audit.waiting import WaitingCalls, pending_approvals
 from eventstore.boundary.contracts import AgentReply, RunContext, ToolEnvelope, ToolSpec
-from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
+from eventstore.boundary.reconciling import ReconcileReport
+from eventstore.boundary.tool_boundary import DEFAULT_RECONCILE_GRACE, OnDuplicate, ToolBoundary
 from eventstore.boundary.tool_threads import DEFAULT_EXECUTOR_THREADS, shutdown_within
 from eventstore.decisions import Decision
+from eventstore.erasure import Erasure
 from eventstore.errors import InvalidArgument, StoreClosed, WrongEventLoop
 from eventstore.reader import InvocationRecord, StoredEvent
-from eventstore.runs import OpenedRun, Refusal, RunInfo
+from eventstore.runs import Deadline, OpenedRun, Refusal, RunInfo
 from eventstore.server.durability import DurabilityMode, DurabilityReport
+from eventstore.settlements import Settlement
 from eventstore.store import Store
 from machine.codes import ErrorCode
 from machine.limits import Limits
@@ -381,11 +384,14 @@ class SyncStore:
         self,
         run_id: str,
         *,
-        deadline: datetime | timedelta,
+        deadline: Deadline,
         budget: int | None = None,
         tools: Mapping[str, int | None] | None = None,
     ) -> OpenedRun:
-        """Register a run; see :meth:`Store.open_run`."""
+        """Register a run; see :meth:`Store.open_run`.
+
+        ``deadline``: a ``timedelta``, a number of seconds, or a timezone-aware ``datetime``.
+        """
         return self.call(
             self._store.open_run(run_id, deadline=deadline, budget=budget, tools=tools)
         )
@@ -439,9 +445,17 @@ class SyncStore:
     def pending_approvals(self, *, runs: int = 200, limit: int = 100) -> WaitingCalls:
         """The governed calls waiting for a decision, oldest first (never a SCAN).
 
-        See :func:`eventstore.approvals.pending_approvals`.
+        See :func:`eventstore.audit.waiting.pending_approvals`.
         """
         return self.call(pending_approvals(self._store, runs=runs, limit=limit))
+
+    def settle(
+        self, run_id: str, tool_call_id: str, *, executed: bool, by: str, evidence: str
+    ) -> Settlement:
+        """Settle a call whose process died after its dispatch; see Store.settle."""
+        return self.call(
+            self._store.settle(run_id, tool_call_id, executed=executed, by=by, evidence=evidence)
+        )
 
     def pause_run(self, run_id: str, *, by: str, reason: str) -> bool:
         """Pause one run; see Store.pause_run."""
@@ -450,6 +464,18 @@ class SyncStore:
     def unpause_run(self, run_id: str, *, by: str, reason: str) -> bool:
         """Lift one run's pause; see Store.unpause_run."""
         return self.call(self._store.unpause_run(run_id, by=by, reason=reason))
+
+    def erase_run(
+        self, run_id: str, *, by: str, reason: str, wait_s: float = 30.0, force: bool = False
+    ) -> Erasure:
+        """Erase a run's payloads from Redis, leaving its tombstone; see Store.erase_run.
+
+        The calling thread waits as the store does: up to ``wait_s`` for calls still
+        running (``force`` does not wait).
+        """
+        return self.call(
+            self._store.erase_run(run_id, by=by, reason=reason, wait_s=wait_s, force=force)
+        )
 
     def get(self, run_id: str, tool_call_id: str) -> InvocationRecord | None:
         """Return the canonical record, or None (read-only; see :meth:`Store.get`)."""
@@ -558,6 +584,23 @@ class SyncBoundary:
 
         """
         return self._store._run(self._boundary.resume(ctx, tool_call_id), self._owner)
+
+    def reconcile(
+        self,
+        run_id: str | None = None,
+        *,
+        grace: timedelta = DEFAULT_RECONCILE_GRACE,
+        runs: int = 200,
+    ) -> ReconcileReport:
+        """Settle the calls left in flight by processes that died; see ToolBoundary.reconcile.
+
+        Raises:
+            StoreClosed: as for :meth:`invoke`.
+
+        """
+        return self._store._run(
+            self._boundary.reconcile(run_id, grace=grace, runs=runs), self._owner
+        )
 
     def invoke_all(self, ctx: RunContext, envelopes: Sequence[ToolEnvelope]) -> list[AgentReply]:
         """Run several calls (one model turn's) concurrently; replies in the calls' order.

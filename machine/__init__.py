@@ -5,11 +5,20 @@ Nothing here does I/O.
 
 from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus, Stage, Status
 from machine.events import (
+    ApprovalAdded,
+    ApprovalExpired,
+    ApprovalRequested,
+    Approved,
     Completed,
+    Denied,
+    Dispatched,
     Event,
     Failed,
     Preflighted,
     ProjectingStarted,
+    Reconciled,
+    Settled,
+    TakenOver,
     decode_event,
     encode_event,
 )
@@ -18,7 +27,13 @@ from machine.limits import Limits
 
 __all__ = [
     "SAFE_MESSAGES",
+    "ApprovalAdded",
+    "ApprovalExpired",
+    "ApprovalRequested",
+    "Approved",
     "Completed",
+    "Denied",
+    "Dispatched",
     "ErrorCode",
     "Event",
     "EvidenceStatus",
@@ -28,8 +43,11 @@ __all__ = [
     "Limits",
     "Preflighted",
     "ProjectingStarted",
+    "Reconciled",
+    "Settled",
     "Stage",
     "Status",
+    "TakenOver",
     "decode_event",
     "encode_event",
     "fold",

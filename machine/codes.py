@@ -83,6 +83,20 @@ class ErrorCode(StrEnum):
     #: The stored request of an approved call no longer has the approved digest: nothing
     #: ran.
     APPROVED_REQUEST_CHANGED = "APPROVED_REQUEST_CHANGED"
+    #: A governed call's record disagrees with its journal (its tool, its stage, its
+    #: decisions or its chain): nothing ran.
+    JOURNAL_MISMATCH = "JOURNAL_MISMATCH"
+    #: The run's payloads were erased (``canon erase``): a governed call of it, whose
+    #: frozen request is gone, never runs.
+    RUN_ERASED = "RUN_ERASED"
+    # A call whose process died while it was in flight, settled afterwards.
+    #: Found not to have run (by the tool's reconcile hook or an operator): it is never
+    #: run again by itself.
+    RECONCILED_NOT_EXECUTED = "RECONCILED_NOT_EXECUTED"
+    #: Found to have run (by an operator) with its result unknown: never run again.
+    RECONCILED_EXECUTED = "RECONCILED_EXECUTED"
+    #: An ungoverned call left by a process that died, which no retry took over in time.
+    ABANDONED = "ABANDONED"
 
 
 #: One fixed message per code. These are the only words an agent ever reads about a failure,
@@ -121,7 +135,25 @@ SAFE_MESSAGES: dict[ErrorCode, str] = {
     ErrorCode.APPROVED_REQUEST_CHANGED: (
         "The stored request no longer matches the approved one; the tool call did not run."
     ),
+    ErrorCode.JOURNAL_MISMATCH: (
+        "The tool call's record does not match its journal; the tool call did not run."
+    ),
+    ErrorCode.RUN_ERASED: "The run's data was erased; the tool call did not run.",
+    ErrorCode.RECONCILED_NOT_EXECUTED: (
+        "The tool call was found not to have run after its process stopped; it is not run again."
+    ),
+    ErrorCode.RECONCILED_EXECUTED: (
+        "The tool call ran, but its result was not recorded. Do not repeat it."
+    ),
+    ErrorCode.ABANDONED: (
+        "The tool call was left unfinished by a process that stopped, and nobody retried it."
+    ),
 }
+
+#: Codes of a call ended by a settlement after its process died (a Settled event).
+SETTLEMENT_CODES: frozenset[ErrorCode] = frozenset(
+    {ErrorCode.RECONCILED_NOT_EXECUTED, ErrorCode.RECONCILED_EXECUTED, ErrorCode.ABANDONED}
+)
 
 #: Codes that refuse a call before any record exists.
 PREFLIGHT_CODES: frozenset[ErrorCode] = frozenset(

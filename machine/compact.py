@@ -42,6 +42,10 @@ TYPE_CODES: Final = {
     "Denied": 7,
     "ApprovalExpired": 8,
     "Dispatched": 9,
+    "ApprovalAdded": 10,
+    "TakenOver": 11,
+    "Reconciled": 12,
+    "Settled": 13,
 }
 
 #: Permanent code of each public status (feed entries).

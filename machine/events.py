@@ -3,7 +3,15 @@
 Every call has ``Preflighted``, ``ProjectingStarted``, ``Completed`` and ``Failed``; a
 governed call (a side-effecting tool that needs an operator's approval) starts with
 ``ApprovalRequested`` instead of ``Preflighted`` and has ``Approved``, ``Denied``,
-``ApprovalExpired`` and ``Dispatched`` (its one dispatch permit) before the rest.
+``ApprovalExpired`` and ``Dispatched`` (its one dispatch permit) before the rest, and
+``ApprovalAdded`` for each approval but the last of a call that needs several.
+
+A call whose process died while it was in flight (its lease lapsed) is ended or taken on
+by one of three events, each written only once the lease has lapsed: ``TakenOver`` (a
+retry of an ungoverned call runs its read-only tool again), ``Reconciled`` (a tool's
+reconcile hook found that an attempted call ran: its raw response is recorded next) and
+``Settled`` (the call ends ERROR with a code saying how: found not to have run, run with
+its result unknown, or abandoned).
 
 Events carry digests and UTF-8 sizes of payloads, never payload bytes; the canonical
 record is the one place that holds the bytes. Each event names the hash of the event
@@ -127,6 +135,15 @@ class ApprovalRequested(_Event, frozen=True, tag="ApprovalRequested"):
     is when it expires undecided (never past the record's expiry). ``supersedes`` is the
     tool call id of the call an operator edited into this one (``UNSET`` for a call the
     agent made): an edit is no approval, so this call waits for its own.
+
+    The policy the call was requested under is frozen here too: ``requested_by`` is the
+    identity that requested it (the harness's requester, else the run's own identity,
+    ``run:<run id>``), who may never approve it; ``approvals_required`` how many distinct
+    operators must approve it (``UNSET``: one).
+
+    ``retry_of`` is the tool call id of a call settled as not executed that an operator,
+    ``retried_by``, requested again as this one (``UNSET`` otherwise): the same tool and
+    request, under the original's policy, waiting for its own approval.
     """
 
     run_id: str
@@ -137,17 +154,38 @@ class ApprovalRequested(_Event, frozen=True, tag="ApprovalRequested"):
     approval_id: str
     approval_expires_at_ms: int
     supersedes: str | UnsetType = UNSET
+    requested_by: str | UnsetType = UNSET
+    approvals_required: int | UnsetType = UNSET
+    retry_of: str | UnsetType = UNSET
+    retried_by: str | UnsetType = UNSET
+
+
+class ApprovalAdded(_Event, frozen=True, tag="ApprovalAdded"):
+    """One operator's approval of a call that needs more than one: it still waits.
+
+    A tool's policy may ask for several distinct operators (``approvals_required``);
+    each approval but the last is this event, the last is :class:`Approved`.
+    ``approval_count`` is how many approvals the call holds with this one.
+    """
+
+    decided_by: str
+    decision_reason: str
+    decision_id: str
+    approval_count: int
 
 
 class Approved(_Event, frozen=True, tag="Approved"):
     """An operator approved the call: it may be dispatched once, with its frozen request.
 
     ``decision_id`` is the decision's own id (one decision may cover several calls).
+    For a call that needs several approvals this is the last one, and ``approval_count``
+    how many it holds (``UNSET``: one, the only one asked for).
     """
 
     decided_by: str
     decision_reason: str
     decision_id: str
+    approval_count: int | UnsetType = UNSET
 
 
 class Denied(_Event, frozen=True, tag="Denied"):
@@ -180,34 +218,90 @@ class Dispatched(_Event, frozen=True, tag="Dispatched"):
     dispatched_request_sha256: Hex
 
 
+class TakenOver(_Event, frozen=True, tag="TakenOver"):
+    """An ungoverned call whose holder's lease lapsed, taken over by a retry of its id.
+
+    The read-only tool runs again from here (EXECUTING), under the new holder's lease;
+    the call keeps its one record and will have one outcome. ``lapsed_at_ms`` is when the
+    lease it found had ended (the server's clock); ``attempt`` which run of the tool
+    starts here (2 for the first takeover). A governed call is never taken over.
+    """
+
+    lapsed_at_ms: int
+    attempt: int
+
+
+class Reconciled(_Event, frozen=True, tag="Reconciled"):
+    """An attempted call found to have run, after its process died: its outcome is taken on.
+
+    Written by a reconciler once the call's lease lapsed: the tool's reconcile hook
+    answered that the call ran (with its raw response), or the raw response was already
+    recorded. The call is EXECUTING again under the reconciler's lease, which records the
+    raw response (ProjectingStarted) and projects it as usual; the tool does not run.
+    ``settled_by`` names who found it (``hook:<tool>``, or ``journal`` for a recorded
+    raw response); the evidence text is stored beside, its digest and size here.
+    """
+
+    settled_by: str
+    settlement_evidence_sha256: Annotated[Hex, Digest("settlement_evidence")]
+    settlement_evidence_bytes: Annotated[int, Size("settlement_evidence")]
+
+
+class Settled(_Event, frozen=True, tag="Settled"):
+    """An in-flight call whose process died, ended ERROR with a code that says how.
+
+    Written once the call's lease lapsed, by a tool's reconcile hook or an operator
+    (RECONCILED_NOT_EXECUTED: it did not run; RECONCILED_EXECUTED: it ran, its result is
+    not recorded) or by the sweep of abandoned ungoverned calls (ABANDONED).
+    ``settled_by`` is the operator's name, ``hook:<tool>`` or ``sweep``; the evidence
+    text is stored beside, its digest and size here.
+    """
+
+    settled_by: str
+    error_code: ErrorCode
+    settlement_evidence_sha256: Annotated[Hex, Digest("settlement_evidence")]
+    settlement_evidence_bytes: Annotated[int, Size("settlement_evidence")]
+
+
 Event = (
     Preflighted
     | ProjectingStarted
     | Completed
     | Failed
     | ApprovalRequested
+    | ApprovalAdded
     | Approved
     | Denied
     | ApprovalExpired
     | Dispatched
+    | TakenOver
+    | Reconciled
+    | Settled
 )
 
 #: Fields every event carries (its identity, place in the chain and schema), not its type's.
 COMMON_FIELDS: Final = frozenset(_Event.__struct_fields__)
-#: The event Structs in lifecycle order (the governed call's after the four of every call).
+#: The event Structs in lifecycle order (the governed call's after the four of every call,
+#: then those that end or take on a call whose process died).
 EVENT_CLASSES: Final = (
     Preflighted,
     ProjectingStarted,
     Completed,
     Failed,
     ApprovalRequested,
+    ApprovalAdded,
     Approved,
     Denied,
     ApprovalExpired,
     Dispatched,
+    TakenOver,
+    Reconciled,
+    Settled,
 )
 #: The event types that create a record.
 CREATING_EVENTS: Final = frozenset({"Preflighted", "ApprovalRequested"})
+#: The event types written only once the call's lease has lapsed (its process is gone).
+LAPSED_EVENTS: Final = frozenset({"TakenOver", "Reconciled", "Settled"})
 #: Event type names (the permanent tags), in lifecycle order.
 EVENT_TYPES: Final = tuple(str(event.__struct_config__.tag) for event in EVENT_CLASSES)
 

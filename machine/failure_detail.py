@@ -18,6 +18,10 @@ exception line are at its end), then the message its end, then the type name its
 ``cut_bytes`` says how many UTF-8 bytes of text were cut. Text that is not valid UTF-8
 (lone surrogates) is kept escaped.
 
+A governed call its dispatch permit ended (its record disagreed with its journal, or its
+run lost the authority to run it) raised nothing either: its detail
+(:func:`governance_detail`) has type ``dispatch_refused`` and the reason as its message.
+
 A payload refused for its size (RESULT_TOO_LARGE) raised nothing, but its record keeps a
 detail too (:func:`size_limit_detail`): type ``size_limit``, a one-line message, and the
 limit that was hit as data, ``"limit": {"name", "limit_bytes", "actual_bytes"}``
@@ -42,6 +46,8 @@ FailureDetailPolicy = Literal["full", "type", "none"]
 FAILURE_DETAIL_POLICIES: Final = ("full", "type", "none")
 #: The ``type`` of the detail of a payload refused for its size (no exception raised).
 SIZE_LIMIT_TYPE: Final = "size_limit"
+#: The ``type`` of the detail of a governed call its dispatch permit ended (nothing ran).
+GOVERNANCE_TYPE: Final = "dispatch_refused"
 
 
 class FailureDetail(msgspec.Struct, frozen=True, kw_only=True):
@@ -195,6 +201,17 @@ def size_limit_detail(hit: LimitHit, limit_bytes: int) -> bytes | None:
         return None
     detail = FailureDetail(type=SIZE_LIMIT_TYPE, message=hit.describe(), traceback="", limit=hit)
     return bounded(detail, limit_bytes)
+
+
+def governance_detail(reason: str, limit_bytes: int) -> bytes | None:
+    """Return the stored detail of a governed call whose permit ended it; None if no room.
+
+    Type ``dispatch_refused`` and a one-line ``reason`` of the store's own words (why the
+    journal, the record or the run refused the dispatch): no payload, no exception.
+    """
+    if limit_bytes <= 0:
+        return None
+    return bounded(FailureDetail(type=GOVERNANCE_TYPE, message=reason, traceback=""), limit_bytes)
 
 
 def decode_failure_detail(data: bytes) -> FailureDetail | None:

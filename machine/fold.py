@@ -95,6 +95,16 @@ class InvocationState(msgspec.Struct, kw_only=True):
     dispatched_request_sha256: str | None = None
     supersedes: str | None = None
     superseded_by: str | None = None
+    requested_by: str | None = None
+    approvals_required: int | None = None
+    approval_count: int | None = None
+    retry_of: str | None = None
+    retried_by: str | None = None
+    lapsed_at_ms: int | None = None
+    attempt: int | None = None
+    settled_by: str | None = None
+    settlement_evidence_sha256: str | None = None
+    settlement_evidence_bytes: int | None = None
 
 
 #: Record fields owned by the lifecycle; an event's own fields may never overwrite them.
@@ -163,7 +173,8 @@ def fold(state: InvocationState | None, event: Event, hash_: str | None = None) 
 
     Raises:
         VersionMismatch, ChainBroken, IllegalTransition, InvalidEvidence, checked in that
-        order (the order append.lua checks them in).
+        order (the order append.lua checks them in). IllegalTransition also for a
+        TakenOver of a governed call: only an ungoverned call is ever taken over.
 
     """
     stage = state.stage if state is not None else Stage.NEW
@@ -179,6 +190,9 @@ def fold(state: InvocationState | None, event: Event, hash_: str | None = None) 
     dest = next_stage(stage, kind)
     if dest is None:
         raise IllegalTransition(f"{kind} is not allowed in {stage.value}")
+    if kind == "TakenOver" and state is not None and state.approval_id is not None:
+        # Nothing dispatches a governed call again by itself (the scripts agree).
+        raise IllegalTransition("a governed call is never taken over")
     if isinstance(event, Completed) and event.evidence_status not in EVIDENCE_ALLOWED[dest]:
         raise InvalidEvidence(f"{event.evidence_status.value} cannot complete an invocation")
     evidence = EvidenceStatus.ERROR if dest is Stage.ERROR else EvidenceStatus.PENDING

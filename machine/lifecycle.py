@@ -12,6 +12,7 @@ from transitions import Machine
 
 from machine.codes import EvidenceStatus, Stage, Status
 from machine.compact import STATUS_CODES, TYPE_CODES
+from machine.events import LAPSED_EVENTS
 
 _TRANSITIONS: Final[list[dict[str, Any]]] = [
     {"trigger": "Preflighted", "source": Stage.NEW.value, "dest": Stage.EXECUTING.value},
@@ -19,6 +20,12 @@ _TRANSITIONS: Final[list[dict[str, Any]]] = [
     {
         "trigger": "ApprovalRequested",
         "source": Stage.NEW.value,
+        "dest": Stage.AWAITING_APPROVAL.value,
+    },
+    # One approval of several a tool's policy asks for: the call still waits.
+    {
+        "trigger": "ApprovalAdded",
+        "source": Stage.AWAITING_APPROVAL.value,
         "dest": Stage.AWAITING_APPROVAL.value,
     },
     {"trigger": "Approved", "source": Stage.AWAITING_APPROVAL.value, "dest": Stage.APPROVED.value},
@@ -35,9 +42,34 @@ _TRANSITIONS: Final[list[dict[str, Any]]] = [
         "dest": Stage.PROJECTING.value,
     },
     {"trigger": "Completed", "source": Stage.PROJECTING.value, "dest": Stage.READY.value},
+    # A call in flight whose process died (its lease lapsed): an ungoverned one taken over
+    # by a retry runs again; an attempted one found to have run has its outcome taken on;
+    # a settlement ends either.
+    {
+        "trigger": "TakenOver",
+        "source": [Stage.EXECUTING.value, Stage.PROJECTING.value],
+        "dest": Stage.EXECUTING.value,
+    },
+    {
+        "trigger": "Reconciled",
+        "source": [Stage.EXECUTING.value, Stage.PROJECTING.value],
+        "dest": Stage.EXECUTING.value,
+    },
+    {
+        "trigger": "Settled",
+        "source": [Stage.EXECUTING.value, Stage.PROJECTING.value],
+        "dest": Stage.ERROR.value,
+    },
+    # A governed call fails before its dispatch when the permit is refused for good: its
+    # record disagrees with its journal, or its run lost the authority to run it.
     {
         "trigger": "Failed",
-        "source": [Stage.EXECUTING.value, Stage.PROJECTING.value],
+        "source": [
+            Stage.AWAITING_APPROVAL.value,
+            Stage.APPROVED.value,
+            Stage.EXECUTING.value,
+            Stage.PROJECTING.value,
+        ],
         "dest": Stage.ERROR.value,
     },
 ]
@@ -107,7 +139,8 @@ def lua_lifecycle() -> str:
     (:data:`machine.compact.TYPE_CODES`, :data:`machine.compact.STATUS_CODES`): one byte
     each in the feed's listpack instead of the names, which keeps more entries per node.
     The codes are Lua strings: they only go to Redis, and a Lua number sent to Redis is
-    formatted as a float on every call.
+    formatted as a float on every call. ``taken_from_a_lapsed_holder`` names the event
+    types only ``lapsed.lua`` writes (:data:`machine.events.LAPSED_EVENTS`).
     """
     transitions = [
         f'  if stage == "{src.value}" and event_type == "{trigger}" then return "{dest.value}" end'
@@ -129,6 +162,7 @@ def lua_lifecycle() -> str:
     type_codes = [
         f'  if event_type == "{kind}" then return "{code}" end' for kind, code in TYPE_CODES.items()
     ]
+    lapsed = [f'  if event_type == "{kind}" then return true end' for kind in sorted(LAPSED_EVENTS)]
     return "\n".join(
         [
             "local function next_stage(stage, event_type)",
@@ -145,6 +179,9 @@ def lua_lifecycle() -> str:
             "end",
             "local function feed_type_code(event_type)",
             *type_codes,
+            "end",
+            "local function taken_from_a_lapsed_holder(event_type)",
+            *lapsed,
             "end",
         ]
     )

@@ -133,3 +133,24 @@ class LimitHit(msgspec.Struct, frozen=True, kw_only=True):
         shown = size_text(self.limit_bytes)
         limit = size if shown == size else f"{size} ({shown})"
         return f"{_MEASURED[self.name]}{measured} over the {self.name.value} limit of {limit}"
+
+
+_limits_encoder = msgspec.json.Encoder()
+_limits_decoder = msgspec.json.Decoder(Limits)
+
+
+def encode_limits(limits: Limits) -> bytes:
+    """``limits`` as the compact JSON a namespace records."""
+    return _limits_encoder.encode(limits)
+
+
+def decode_limits(stored: bytes) -> Limits:
+    """The limits a namespace recorded (:func:`encode_limits`).
+
+    Raises:
+        msgspec.DecodeError: the bytes are not such JSON.
+        msgspec.ValidationError: a size is not a whole number.
+        ValueError: a size is out of its range (the Limits' own checks).
+
+    """
+    return _limits_decoder.decode(stored)

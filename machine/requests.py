@@ -6,6 +6,7 @@ digest and their UTF-8 size are the same whoever built the envelope.
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping
 from typing import Any, Final
@@ -27,6 +28,38 @@ _encoder: Final = msgspec.json.Encoder(enc_hook=_mapping_as_dict)
 
 class InvalidRequest(CanonError, ValueError):
     """Raised when a tool input is not a finite JSON object within the nesting bound."""
+
+
+#: What every door that takes an operator's JSON says of an object naming a member twice.
+DUPLICATE_MEMBER: Final = "a JSON object names a member twice"
+
+
+def _unique_members(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    document: dict[str, Any] = {}
+    for name, value in pairs:
+        if name in document:
+            raise InvalidRequest(DUPLICATE_MEMBER)
+        document[name] = value
+    return document
+
+
+def refuse_duplicate_members(text: str | bytes | bytearray) -> None:
+    """Check that no object in the JSON ``text`` names a member twice.
+
+    Which of two values would win is a parser's choice, so an operator's text that names
+    a member twice (an edited request) is refused rather than read one way. Text that is
+    not JSON at all is left to the caller's own parse.
+
+    Raises:
+        InvalidRequest: an object names a member twice (:data:`DUPLICATE_MEMBER`).
+
+    """
+    try:
+        json.loads(text, object_pairs_hook=_unique_members)
+    except InvalidRequest:
+        raise
+    except (ValueError, RecursionError):
+        return
 
 
 def _check(value: object, depth: int, max_depth: int) -> None:
@@ -59,17 +92,23 @@ def _check(value: object, depth: int, max_depth: int) -> None:
     raise InvalidRequest(f"{type(value).__name__} is not a JSON value")
 
 
-def canonical_request(tool_input: object, *, max_depth: int, max_text_bytes: int) -> bytes:
+def canonical_request(
+    tool_input: object, *, max_depth: int, max_text_bytes: int, unique_members: bool = False
+) -> bytes:
     """Validate a tool input and return its canonical JSON bytes.
 
     Args:
         tool_input: a mapping, or JSON text (``str`` or UTF-8 ``bytes``) of an object.
         max_depth: deepest nesting accepted (the object itself is depth 1).
         max_text_bytes: JSON text longer than this is not even parsed.
+        unique_members: refuse JSON text in which an object names a member twice (an
+            operator's text: :func:`refuse_duplicate_members`); a model's calls are
+            taken as their framework parsed them.
 
     Raises:
         InvalidRequest: not a JSON object, not finite, not UTF-8, nested too deeply, or
-            holding a value JSON cannot encode.
+            holding a value JSON cannot encode (or, with ``unique_members``, naming a
+            member twice).
         OverflowError: the JSON text is longer than ``max_text_bytes``.
 
     """
@@ -83,6 +122,8 @@ def canonical_request(tool_input: object, *, max_depth: int, max_text_bytes: int
             raise InvalidRequest("not valid JSON") from exc
         except RecursionError as exc:
             raise InvalidRequest("nested too deeply") from exc
+        if unique_members:
+            refuse_duplicate_members(data)
     if not isinstance(tool_input, Mapping):
         raise InvalidRequest("the input must be a JSON object")
     try:

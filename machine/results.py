@@ -64,6 +64,35 @@ def decode_result(stored: bytes) -> Any:
     return msgspec.json.decode(stored)
 
 
+#: The record's ``result`` field when the agent result is byte for byte the raw response:
+#: those bytes are stored once, in ``raw`` (never valid JSON, so never a real result).
+SAME_AS_RAW: Final = b"=raw"
+# Below this size a second copy costs less than the read a marker asks for.
+_SHARED_FROM_BYTES = 1024
+
+
+def stored_result(result: bytes, raw: bytes | None) -> bytes:
+    """The bytes the ``result`` field keeps for ``result`` beside the raw response ``raw``.
+
+    :data:`SAME_AS_RAW` for a large result equal to the raw response (stored once), else
+    the result itself. Digests are always the result's.
+    """
+    if raw is not None and len(result) >= _SHARED_FROM_BYTES and result == raw:
+        return SAME_AS_RAW
+    return result
+
+
+def resolve_result(stored: bytes | None, raw: bytes | None) -> bytes | None:
+    """The agent result a record's ``result`` field stands for.
+
+    The raw response's bytes for :data:`SAME_AS_RAW` (None when the record holds no raw
+    response), else the field as stored.
+    """
+    if stored == SAME_AS_RAW:
+        return raw
+    return stored
+
+
 def encode_raw(value: Any) -> bytes:
     """Return a raw response's stored bytes: bytes as given, text as UTF-8, else JSON."""
     if isinstance(value, bytes):

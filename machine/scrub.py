@@ -4,6 +4,8 @@ An exception's message and traceback often carry what the tool was given: a URL 
 password, an ``Authorization`` header, an API key in a query string. The record keeps
 that text for operators, so it is scrubbed before it is written, as Sentry scrubs an
 event before it leaves the process: every match is replaced by :data:`FILTERED`.
+Scrubbing is idempotent: text already scrubbed comes back as it is (a reader may scrub
+what it shows again).
 
 Two kinds of match, case-insensitive:
 
@@ -61,7 +63,7 @@ _NAME = r"[\w.-]*(?:" + "|".join(re.escape(part) for part in SECRET_KEY_PARTS) +
 _KEY_VALUE: Final = re.compile(
     r"""(?P<name>["']?\b""" + _NAME + r"""["']?)(?P<sep>\s*[:=]\s*)"""
     r"""(?:(?P<quote>["'])(?P<quoted>(?:\\.|(?!(?P=quote)).)*)(?P=quote)"""
-    r"""|(?P<bare>(?:(?:bearer|basic|token)\s+)?[^\s"',;&}\])]+))""",
+    r"""|(?P<bare>(?:(?:bearer|basic|token)\s+)?(?:\[Filtered\]|[^\s"',;&}\])]+)))""",
     re.IGNORECASE,
 )
 #: Value shapes that are secrets wherever they stand.

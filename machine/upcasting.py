@@ -89,24 +89,10 @@ def upcast(obj: JSONObject, current_schema: int) -> JSONObject:
     return result
 
 
-#: Schema of the legacy ``Failed`` shape handled below (a test-fixture legacy shape).
-LEGACY_FAILED_SCHEMA: Final = 0
-
-
-@register_upcaster("Failed", LEGACY_FAILED_SCHEMA)
-def _failed_code_to_error_code(obj: JSONObject) -> JSONObject:
-    """Schema 0 ``Failed`` named its stable code ``code``; schema 1 calls it ``error_code``.
-
-    Schema 0 also had no ``rejected_bytes``; the current default (``null``) applies.
-    """
-    if "code" in obj and "error_code" not in obj:
-        obj["error_code"] = obj.pop("code")
-    return obj
-
-
 #: The last schema stored as JSON objects; schema 2 stores compact arrays (machine.compact).
 JSON_SCHEMA: Final = 1
-# The event types (machine.events.EVENT_TYPES; that module imports this one).
+# The event types stored as JSON objects (schema 1): the four that existed before the
+# compact encoding; every later event was stored compact from its first write.
 _EVENT_TYPES: Final = ("Preflighted", "ProjectingStarted", "Completed", "Failed")
 
 

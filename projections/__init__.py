@@ -6,8 +6,8 @@ copying no raw payload; the HTTP API serves the receipts.
 
 from projections.facts import ObservedFact, observed_facts
 from projections.feed import FeedEntry, Outcome
-from projections.http import create_app
-from projections.progress import ProgressWorker, RunView, read_view
+from projections.http_api import create_app
+from projections.progress import ProgressView, ProgressWorker, read_view
 from projections.receipts.builder import Receipt, build_receipt
 from projections.receipts.projection import ReceiptWorker
 from projections.worker.runtime import Worker
@@ -16,10 +16,10 @@ __all__ = [
     "FeedEntry",
     "ObservedFact",
     "Outcome",
+    "ProgressView",
     "ProgressWorker",
     "Receipt",
     "ReceiptWorker",
-    "RunView",
     "Worker",
     "build_receipt",
     "create_app",

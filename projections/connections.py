@@ -36,11 +36,12 @@ from typing import Any, Final
 
 import h11
 import msgspec
-import structlog
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
-log = structlog.get_logger("canon.http")
+from eventstore.logs import get_logger
+
+log = get_logger("canon.http")
 
 DEFAULT_HEADER_TIMEOUT_S: Final = 10.0
 DEFAULT_IDLE_TIMEOUT_S: Final = 5.0

@@ -39,7 +39,7 @@ _SCAN_MEMORY: Final = 1024
 _encoder: Final = msgspec.json.Encoder()
 
 
-class RunView(msgspec.Struct, frozen=True, kw_only=True):
+class ProgressView(msgspec.Struct, frozen=True, kw_only=True):
     """A run's progress view as read back.
 
     Attributes:
@@ -153,7 +153,7 @@ class ProgressProjection(BaseProjection):
         return int(value) if value is not None else 0
 
 
-async def read_view(store: Store, run_id: str) -> RunView | None:
+async def read_view(store: Store, run_id: str) -> ProgressView | None:
     """Return a run's progress view, or None when it does not exist (read-only).
 
     The view is read from the generation readers currently use.
@@ -173,7 +173,7 @@ async def read_view(store: Store, run_id: str) -> RunView | None:
             if name.startswith(prefix) and int(value) > 0
         }
 
-    return RunView(
+    return ProgressView(
         run_id=run_id,
         invocations=int(fields.get("invocations", b"0")),
         by_status=counts("status:"),

@@ -28,7 +28,11 @@ end (`AWAITING_APPROVAL`, `APPROVED`, `EXECUTING`, `PROJECTING`) shows as `PROJE
 `READY` and `ERROR` are terminal, and every event after them is refused. A call of a
 read-only tool starts with `Preflighted`; a governed call (a side-effecting tool that
 needs an operator's approval) starts with `ApprovalRequested`, and only its `Dispatched`
-event, the one dispatch permit, leads to `EXECUTING`.
+event, the one dispatch permit, leads to `EXECUTING`. A call whose process died while it
+was in flight (its lease lapsed) is taken on by `TakenOver` (a retry of an ungoverned
+call runs its read-only tool again), `Reconciled` (an attempted call found to have run:
+its raw response is recorded next) or ended by `Settled` (ERROR with a code saying how);
+no other event takes a call from a process that still holds it.
 
 """
 

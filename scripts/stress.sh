@@ -3,7 +3,7 @@
 # the suite must stay green on a loaded machine (tests wait on conditions, never on time).
 #
 #   scripts/stress.sh                      # 3 full runs (./scripts/test.sh) under load
-#   STRESS_RUNS=1 scripts/stress.sh tests/integration/test_batching.py   # one focused run
+#   STRESS_RUNS=1 scripts/stress.sh tests/integration/wire/test_batching.py   # one focused run
 #
 # STRESS_RUNS (3) runs; STRESS_HOGS (one per core) busy processes; STRESS_MAX_S (7200)
 # bounds the hog's life even if this script is killed without running its trap. The hog

@@ -17,6 +17,7 @@ from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus, Stage
 from machine.events import (
     GENESIS_HASH,
+    ApprovalAdded,
     ApprovalExpired,
     ApprovalRequested,
     Approved,
@@ -27,6 +28,9 @@ from machine.events import (
     Failed,
     Preflighted,
     ProjectingStarted,
+    Reconciled,
+    Settled,
+    TakenOver,
     payload_digest,
 )
 from machine.fold import InvocationState, fold
@@ -38,11 +42,14 @@ TOOL = "lookup"
 REQUEST = b'{"q":"request-bytes"}'
 RAW = b'{"raw":"response-bytes"}'
 RESULT = b'{"result":"agent-bytes"}'
+EVIDENCE = b"the bank has no refund under this key"
 PAYLOADS: dict[str, bytes] = {
     "Preflighted": REQUEST,
     "ApprovalRequested": REQUEST,
     "ProjectingStarted": RAW,
     "Completed": RESULT,
+    "Reconciled": EVIDENCE,
+    "Settled": EVIDENCE,
 }
 
 #: An approval expiry no test reaches (2100-01-01).
@@ -119,6 +126,8 @@ def make_event(
             approval_expires_at_ms=APPROVAL_FAR_AHEAD_MS,
         )
     decision = {"decided_by": "ops@example", "decision_reason": "ok", "decision_id": "d" * 32}
+    if kind == "ApprovalAdded":
+        return ApprovalAdded(**common, **decision, approval_count=1)
     if kind == "Approved":
         return Approved(**common, **decision)
     if kind == "Denied":
@@ -127,6 +136,17 @@ def make_event(
         return ApprovalExpired(**common, error_code=ErrorCode.APPROVAL_EXPIRED)
     if kind == "Dispatched":
         return Dispatched(**common, dispatched_request_sha256=payload_digest(REQUEST))
+    if kind == "TakenOver":
+        return TakenOver(**common, lapsed_at_ms=at_ms - 1, attempt=2)
+    settlement = {
+        "settled_by": "ops@example",
+        "settlement_evidence_sha256": payload_digest(EVIDENCE),
+        "settlement_evidence_bytes": len(EVIDENCE),
+    }
+    if kind == "Reconciled":
+        return Reconciled(**common, **settlement)
+    if kind == "Settled":
+        return Settled(**common, **settlement, error_code=ErrorCode.RECONCILED_NOT_EXECUTED)
     raise ValueError(kind)
 
 

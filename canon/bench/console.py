@@ -1,12 +1,15 @@
 """How fast the operator console answers its pages on a run of 3,000 calls.
 
 One namespace holds :data:`RUNS` runs; the last one opened has :data:`CALLS` calls, one in
-:data:`FAIL_EVERY` of them failed, the others READY. Each page an operator opens while
-hunting a bad call (the runs list, filtered and not, a call search, the big run's page,
-its failed calls, its last page, one call) is asked for ``repeats`` times in rounds,
-each page once per round, through the console's ASGI app in this process: the time is
-the console's own work and its reads, not a network's. The report gives each page's
-median and worst time in milliseconds and its size in bytes.
+:data:`FAIL_EVERY` of them failed (raising one of :data:`EXCEPTIONS` in turn, its failure
+detail a traceback of about 1.5 KB, as the boundary keeps it), the others READY. Each page
+an operator opens while hunting a bad call (the runs list, filtered and not, a call
+search, the big run's page with its failures grouped by type, its failed calls, one type
+of them, a lookup by the start of a call id, its last page, one failed call opened from
+its list) is asked for ``repeats`` times in rounds, each page once per round, through the
+console's ASGI app in this process: the time is the console's own work and its reads, not
+a network's. The report gives each page's median and worst time in milliseconds and its
+size in bytes.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ from datetime import timedelta
 from typing import Any, Final
 
 import httpx
+import msgspec
 
 from eventstore.store import Store
 from machine.codes import ErrorCode, EvidenceStatus
@@ -28,13 +32,28 @@ CALLS: Final = 3_000
 RUNS: Final = 40
 FAIL_EVERY: Final = 50
 BIG_RUN: Final = "bench-big-run"
+#: What the failed calls raise, in turn.
+EXCEPTIONS: Final = ("billing.CardDeclined", "TimeoutError", "KeyError", "httpx.ReadError")
 _BATCH: Final = 200
+_FRAMES: Final = "".join(
+    f'  File "/srv/agent/tools/billing.py", line {line}, in charge\n'
+    "    response = client.post(...)\n"
+    for line in range(100, 115)
+)
+
+
+def _detail(index: int) -> bytes:
+    """The failure detail of the ``index``-th call, as the boundary keeps one."""
+    kind = EXCEPTIONS[index // FAIL_EVERY % len(EXCEPTIONS)]
+    message = f"call {index} failed: upstream answered 502 Bad Gateway"
+    traceback = f"Traceback (most recent call last):\n{_FRAMES}{kind}: {message}\n"
+    return msgspec.json.encode({"type": kind, "message": message, "traceback": traceback})
 
 
 async def _call(store: Store, run: str, index: int) -> None:
     head = await store.writer.create(run, f"call-{index:05d}", "search", b'{"q":"bench"}')
     if index % FAIL_EVERY == FAIL_EVERY - 1:
-        await store.writer.fail(head, ErrorCode.EXECUTION_FAILED)
+        await store.writer.fail(head, ErrorCode.EXECUTION_FAILED, failure_detail=_detail(index))
         return
     head = await store.writer.start_projecting(head, b'{"rows":[1,2,3]}')
     await store.writer.complete(head, b'{"count":3}', EvidenceStatus.EVIDENCE_FOUND, "bench")
@@ -52,14 +71,19 @@ async def _populate(store: Store) -> None:
 
 def _pages() -> dict[str, str]:
     failed = invocation_id(BIG_RUN, f"call-{FAIL_EVERY - 1:05d}")
+    kind = EXCEPTIONS[0]
     return {
         "runs": "/console/",
         "runs with errors": "/console/?status=errors",
         "search by code": "/console/search?code=EXECUTION_FAILED",
         "run page": f"/console/runs/{BIG_RUN}",
         "run, failed calls": f"/console/runs/{BIG_RUN}?status=ERROR",
+        "run, one exception type": f"/console/runs/{BIG_RUN}?status=ERROR&type={kind}",
+        "run, call id lookup": f"/console/runs/{BIG_RUN}?q=call-01",
         "run, last page": f"/console/runs/{BIG_RUN}?page={CALLS // 100}",
         "failed call": f"/console/runs/{BIG_RUN}/invocations/{failed}",
+        "failed call, in its list": f"/console/runs/{BIG_RUN}/invocations/{failed}"
+        f"?status=ERROR&type={kind}",
     }
 
 

@@ -24,14 +24,15 @@ from typing import Any
 
 from canon.bench.timing import percentile
 from canon.bench.workload import TOOL, Payloads, tool_call_id_for
-from canon.logs import configure_logging
+from canon.logging_setup import configure_logging
 from canon.service import freeze_startup_heap
 from eventstore.store import Store
 from eventstore.writer import Head, now_ms
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 
-_WRITERS = 16
+#: Writers (asyncio tasks, one run each) that :func:`write_paced` paces.
+WRITERS = 16
 #: Shortest wait for the receipts after the writers stop (four times the write time if longer).
 _CATCH_UP_S = 5.0
 
@@ -104,17 +105,25 @@ async def _stop_worker(process: asyncio.subprocess.Process) -> None:
             await process.wait()
 
 
-async def _write_paced(store: Store, rate_per_s: float, duration_s: float) -> list[Head]:
-    payloads, writer = Payloads.of(), store.writer
+async def write_paced(
+    store: Store, rate_per_s: float, duration_s: float, payloads: Payloads | None = None
+) -> list[Head]:
+    """Write invocations for ``duration_s`` at ``rate_per_s`` from :data:`WRITERS` tasks.
+
+    Each task writes its own run's calls through the Writer (create, ProjectingStarted,
+    Completed; ``payloads``, else the benchmark's), evenly spaced; returns every
+    Completed head.
+    """
+    payloads, writer = payloads or Payloads.of(), store.writer
     heads: list[Head] = []
-    interval = _WRITERS / rate_per_s
+    interval = WRITERS / rate_per_s
     started = time.perf_counter()
 
     async def task(index: int) -> None:
         run_id = f"lag{index:09d}"
         await store.open_run(run_id, deadline=timedelta(hours=1), tools={TOOL: None})
         number = 0
-        while (due := started + index * interval / _WRITERS + number * interval) < (
+        while (due := started + index * interval / WRITERS + number * interval) < (
             started + duration_s
         ):
             await asyncio.sleep(max(0.0, due - time.perf_counter()))
@@ -125,7 +134,7 @@ async def _write_paced(store: Store, rate_per_s: float, duration_s: float) -> li
             )
             number += 1
 
-    await asyncio.gather(*(task(index) for index in range(_WRITERS)))
+    await asyncio.gather(*(task(index) for index in range(WRITERS)))
     return heads
 
 
@@ -151,7 +160,7 @@ async def measure_lag(url: str, namespace: str, rate_per_s: float, duration_s: f
     async with store:
         process = await _start_worker(url, namespace, store.keys.shards)
         try:
-            heads = await _write_paced(store, rate_per_s, duration_s)
+            heads = await write_paced(store, rate_per_s, duration_s)
             deadline = time.monotonic() + max(_CATCH_UP_S, 4 * duration_s)
             while None in (times := await _receipt_times(store, heads)):
                 if time.monotonic() > deadline:

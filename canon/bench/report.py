@@ -112,6 +112,43 @@ def ratio(
     return measure
 
 
+#: The modes of the one-call table: what a lone agent's call costs, beside the floor.
+ONE_CALL_MODES: Final = ("boundary", "boundary_def_tool", "sync_boundary", "writer")
+#: The floor they are held against there: three EVALSHA of the same bytes, sync redis-py.
+ONE_CALL_FLOOR: Final = "minimal_sync"
+
+
+def one_call(section: dict[str, Any]) -> dict[str, Any]:
+    """One call at a time (1 task): wall and client CPU per call, each mode beside the floor.
+
+    Per mode: ``wall_us`` (one over the median rate), ``client_cpu_us`` and ``waits`` (the
+    times a call waited for Redis: its awaited round trips) as medians over the repeats,
+    and ``x_floor_wall`` / ``x_floor_client_cpu``: the medians of the pair-by-pair ratios
+    to :data:`ONE_CALL_FLOOR` in the same run (below 1: cheaper than the floor).
+    """
+    throughput, ratios = section.get("throughput", {}), section.get("ratios", {})
+    rows: dict[str, Any] = {}
+    for mode in (*ONE_CALL_MODES, ONE_CALL_FLOOR):
+        cell = throughput.get(mode, {}).get("1")
+        if cell is None:
+            continue
+        rate = cell["invocations_per_s"]["median"]
+        row: dict[str, Any] = {
+            "wall_us": round(1e6 / rate, 1) if rate else None,
+            "client_cpu_us": cell["client_cpu_us"]["median"],
+            "waits": cell.get("waits_per_invocation", {}).get("median") or None,
+        }
+        pairs = ratios.get(ONE_CALL_FLOOR, {}).get(mode, {}).get("1")
+        if pairs is not None:
+            rate_ratio = pairs["invocations_per_s"]["median"]
+            row["x_floor_wall"] = round(1 / rate_ratio, 3) if rate_ratio else None
+            row["x_floor_client_cpu"] = pairs["client_cpu_us"]["median"]
+        rows[mode] = row
+    if ONE_CALL_FLOOR in rows:
+        rows[ONE_CALL_FLOOR]["waits"] = 3.0  # three EVALSHA, each awaited, by construction
+    return rows
+
+
 def _memory(field: str) -> Measure:
     def measure(report: dict[str, Any]) -> tuple[float | None, str]:
         memory = report.get("memory", {})
@@ -155,6 +192,21 @@ def _scale(field: str) -> Measure:
             f"{small['invocations_per_s']:,.0f} invocations/s"
         )
         return round(cpu, 3), rates
+
+    return measure
+
+
+def _encryption_ratio(tasks: int) -> Measure:
+    """The median pair-by-pair ratio of sealed to plain client CPU at ``tasks`` in flight."""
+
+    def measure(report: dict[str, Any]) -> tuple[float | None, str]:
+        section = report.get("encryption", {})
+        if not section.get("measured"):
+            return None, str(section.get("reason", "not run"))
+        cell = section["in_flight"][str(tasks)]
+        plain = cell["plain_client_cpu_us"]["median"]
+        sealed = cell["sealed_client_cpu_us"]["median"]
+        return cell["ratio"]["median"], f"{sealed:g} us beside {plain:g} us plain"
 
     return measure
 
@@ -283,14 +335,86 @@ GOALS: Final = (
          _curve(3), _AT_LEAST_1),
     Goal("cluster: 6 masters' implied capacity / (0.9 x 6 x one server) >= 1.0",
          _curve(6), _AT_LEAST_1),
+    Goal("encryption: client CPU per invocation at 1 task <= 1.1 x plain (1 KiB payloads)",
+         _encryption_ratio(1), Bound(high=1.1)),
+    Goal("encryption: client CPU per invocation at 16 tasks <= 1.1 x plain (1 KiB payloads)",
+         _encryption_ratio(16), Bound(high=1.1)),
+)
+# fmt: on
+
+
+def _archive_backend(report: dict[str, Any], backend: str) -> tuple[dict[str, Any] | None, str]:
+    """The archive section's figures of one database, or None and why not."""
+    section = report.get("archive", {})
+    if not section.get("measured"):
+        return None, str(section.get("reason", ""))
+    figures: dict[str, Any] = section.get(backend, {})
+    if "lag" not in figures:
+        return None, str(figures.get("reason", "not measured"))
+    return figures, ""
+
+
+def _archive_lag(backend: str) -> Measure:
+    """The archive's lag p99 at the boundary's 16-in-flight rate, on ``backend``."""
+
+    def measure(report: dict[str, Any]) -> tuple[float | None, str]:
+        figures, reason = _archive_backend(report, backend)
+        if figures is None:
+            return None, reason
+        lag = figures["lag"]["1"]
+        note = f"{lag['rate_per_s']:,.0f} written/s, {lag['drained_per_s']:,.0f} archived/s" + (
+            f"; {lag['pending']:,} still pending (a lower bound)" if lag["pending"] else ""
+        )
+        return lag["p99_ms"], note
+
+    return measure
+
+
+def _archive_search(backend: str, shapes: tuple[str, ...]) -> Measure:
+    """The slowest p50 of ``shapes`` of the archive's search on ``backend``."""
+
+    def measure(report: dict[str, Any]) -> tuple[float | None, str]:
+        figures, reason = _archive_backend(report, backend)
+        if figures is None:
+            return None, reason
+        search = figures["search"]
+        name = max(shapes, key=lambda shape: search["queries"][shape]["p50_ms"])
+        note = f"{search['calls']:,} calls" + (f", slowest {name}" if len(shapes) > 1 else "")
+        return search["queries"][name]["p50_ms"], note
+
+    return measure
+
+
+#: The JSON-path shapes the search goal is judged on (``json_none``, a condition no call
+#: meets, is the worst case and is reported beside them).
+JSON_SHAPES: Final = ("json_equal", "json_nested", "json_range")
+
+#: The archive section's goals, judged when it ran (``canon bench --archive``).
+# fmt: off
+ARCHIVE_GOALS: Final = (
+    Goal("archive lag p99 <= 1 s at the boundary's 16-in-flight rate, SQLite",
+         _archive_lag("sqlite"), Bound(high=1000, unit=" ms")),
+    Goal("archive lag p99 <= 1 s at the boundary's 16-in-flight rate, PostgreSQL",
+         _archive_lag("postgresql"), Bound(high=1000, unit=" ms")),
+    Goal("archive search, tool + code + time range p50 <= 50 ms, PostgreSQL",
+         _archive_search("postgresql", ("indexed",)), Bound(high=50, unit=" ms")),
+    Goal("archive search, JSON-path condition p50 <= 500 ms, PostgreSQL",
+         _archive_search("postgresql", JSON_SHAPES), Bound(high=500, unit=" ms")),
 )
 # fmt: on
 
 
 def evaluate_goals(report: dict[str, Any]) -> list[dict[str, Any]]:
-    """Judge every goal of :data:`GOALS` on a report."""
+    """Judge every goal of :data:`GOALS` on a report, and :data:`ARCHIVE_GOALS` with it.
+
+    A report of the archive section alone (``"only": "archive"``) is judged on the
+    archive's goals only.
+    """
+    judged: tuple[Goal, ...] = () if report.get("only") == "archive" else GOALS
+    if "archive" in report:
+        judged += ARCHIVE_GOALS
     goals = []
-    for goal in GOALS:
+    for goal in judged:
         measured, note = goal.measure(report)
         ok = None if measured is None else goal.bound.holds(measured)
         status = NOT_MEASURED if ok is None else PASS if ok else SHORT

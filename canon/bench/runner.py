@@ -27,20 +27,22 @@ from redis.asyncio import Redis
 from redis.utils import HIREDIS_AVAILABLE
 
 from canon.bench import memory, scale
-from canon.bench.report import evaluate_goals
+from canon.bench.archive import ArchiveOptions, measure_archive
+from canon.bench.embedded_cluster import EmbeddedCluster
+from canon.bench.encryption import measure_encryption
+from canon.bench.report import evaluate_goals, one_call
 from canon.bench.scaleout import measure_scale_out
 from canon.bench.sections import Timing, measure_throughput
 from canon.bench.workload import Payloads
-from canon.logs import configure_logging
+from canon.logging_setup import configure_logging
 from eventstore.errors import EmbeddedRedisError
 from eventstore.server.binaries import ServerBinary, binary_version, choose_redis_server
-from eventstore.server.embedded import EmbeddedRedis
-from eventstore.server.embedded_cluster import EmbeddedCluster
-from eventstore.server.settings import (
+from eventstore.server.config_checks import (
     REDIS_DEFAULTS,
     read_server_settings,
     server_settings_warnings,
 )
+from eventstore.server.embedded import EmbeddedRedis
 from eventstore.wire.replies import reply_text
 
 SCHEMA: Final = "canon.bench.v2"
@@ -82,21 +84,30 @@ class BenchOptions:
     scale_out_larger: bool
     lag_duration_s: float
     console_repeats: int
+    #: The encryption section: rounds, and invocations per block of each side.
+    encryption_repeats: int
+    encryption_calls: int
     redis_url: str | None = None
     redis_server: str | None = None
+    #: Also run the archive section (opt-in: minutes, and gigabytes on a full run).
+    archive: bool = False
+    #: Run the archive section alone.
+    archive_only: bool = False
+    #: A PostgreSQL database the archive section may fill (else a private server).
+    archive_postgres_url: str | None = None
 
     @classmethod
     def quick_run(cls) -> BenchOptions:
-        """CI-size numbers in under a minute."""
+        """CI-size numbers in under a minute: every cell measured, none of them closely."""
         return cls(
             quick=True,
             repeats=2,
-            warmup_s=0.1,
-            duration_s=0.25,
+            warmup_s=0.05,
+            duration_s=0.15,
             concurrency=(1, 16, 64),
             durability_repeats=1,
-            durability_warmup_s=0.05,
-            durability_duration_s=0.15,
+            durability_warmup_s=0.03,
+            durability_duration_s=0.1,
             memory_invocations=500,
             scale_sizes=(2_000, 10_000),
             scale_repeats=1,
@@ -104,8 +115,10 @@ class BenchOptions:
             scale_out_repeats=1,
             scale_out_duration_s=0.3,
             scale_out_larger=False,
-            lag_duration_s=1.5,
+            lag_duration_s=1.0,
             console_repeats=3,
+            encryption_repeats=4,
+            encryption_calls=64,
         )
 
     @classmethod
@@ -132,11 +145,23 @@ class BenchOptions:
             scale_out_larger=True,
             lag_duration_s=10.0,
             console_repeats=9,
+            encryption_repeats=15,
+            encryption_calls=400,
         )
 
     def on(self, redis_url: str | None, redis_server: str | None) -> BenchOptions:
         """These options against ``redis_url`` or with a given ``redis-server`` binary."""
         return replace(self, redis_url=redis_url, redis_server=redis_server)
+
+    def with_archive(self, *, only: bool, postgres_url: str | None) -> BenchOptions:
+        """These options with the archive section (``only``: nothing else)."""
+        return replace(self, archive=True, archive_only=only, archive_postgres_url=postgres_url)
+
+    @property
+    def archive_options(self) -> ArchiveOptions:
+        """The archive section's sizes for this preset, on the PostgreSQL server given."""
+        preset = ArchiveOptions.quick_run() if self.quick else ArchiveOptions.full_run()
+        return preset.on(self.archive_postgres_url)
 
 
 def _binary(options: BenchOptions) -> ServerBinary | None:
@@ -264,6 +289,64 @@ async def _console(url: str, options: BenchOptions, progress: Progress) -> dict[
         return {"measured": False, "reason": f"failed: {type(exc).__name__}"}
 
 
+async def _archive(
+    url: str, options: BenchOptions, progress: Progress, report: dict[str, Any]
+) -> dict[str, Any]:
+    """The archive section, at the boundary's rate the throughput section measured."""
+    rate = (
+        report.get("throughput", {})
+        .get("boundary", {})
+        .get("16", {})
+        .get("invocations_per_s", {})
+        .get("median")
+    )
+    try:
+        return await measure_archive(url, options.archive_options, progress, rate_per_s=rate)
+    except Exception as exc:  # the other sections still count
+        return {"measured": False, "reason": f"failed: {type(exc).__name__}: {exc}"}
+
+
+def _environment(
+    options: BenchOptions, version: str, load_before: tuple[float, ...]
+) -> dict[str, Any]:
+    """Where the figures were taken: servers, versions, CPUs, the load before and after."""
+    return {
+        "server": "REDIS_URL" if options.redis_url else "embedded",
+        "redis_version": version,
+        "cpus": os.cpu_count(),
+        "python": platform.python_version(),
+        "redis_py": redis.__version__,
+        "hiredis": HIREDIS_AVAILABLE,
+        "platform": platform.platform(),
+        "load_before": [round(x, 2) for x in load_before],
+        "load_after": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+async def _redis_version(url: str) -> str:
+    client = Redis.from_url(url)
+    try:
+        return str((await client.info("server"))["redis_version"])
+    finally:
+        await client.aclose()
+
+
+async def run_archive_benchmark(options: BenchOptions, progress: Progress) -> dict[str, Any]:
+    """Run the archive section alone and return its report (its goals included)."""
+    _quiet_production_logging()
+    report: dict[str, Any] = {"schema": SCHEMA, "quick": options.quick, "only": "archive"}
+    report["elapsed_s"] = {}
+    started, load_before = time.perf_counter(), os.getloadavg()
+    with _server(options, progress) as url:
+        version = await _redis_version(url)
+        with _section_time(report, "archive"):
+            report["archive"] = await _archive(url, options, progress, report)
+    report["elapsed_s"]["total"] = round(time.perf_counter() - started, 1)
+    report["environment"] = _environment(options, version, load_before)
+    report["goals"] = evaluate_goals(report)
+    return report
+
+
 async def _memory_section(
     url: str, options: BenchOptions, name: str, report: dict[str, Any]
 ) -> None:
@@ -349,11 +432,7 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
     report["elapsed_s"] = {}
     started, load_before = time.perf_counter(), os.getloadavg()
     with _server(options, progress) as url:
-        client = Redis.from_url(url)
-        try:
-            version = (await client.info("server"))["redis_version"]
-        finally:
-            await client.aclose()
+        version = await _redis_version(url)
         report["persistence"] = await _persistence(url)
         with _section_time(report, "throughput"):
             timing = Timing(options.repeats, options.warmup_s, options.duration_s)
@@ -361,10 +440,19 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
                 url, options.concurrency, timing, progress
             )
             report.update(section)
+            report["one_call"] = one_call(section)
         with _section_time(report, "projection_lag"):
             await _lag(url, options, progress, report)
         with _section_time(report, "console"):
             report["console"] = await _console(url, options, progress)
+        with _section_time(report, "encryption"):
+            progress("encryption: client CPU per invocation, sealed beside plain")
+            report["encryption"] = await measure_encryption(
+                url, repeats=options.encryption_repeats, calls=options.encryption_calls
+            )
+        if options.archive:
+            with _section_time(report, "archive"):
+                report["archive"] = await _archive(url, options, progress, report)
     # A private server of its own (a given URL is measured as it is): the throughput
     # section leaves the keyspace tables grown, and their shrinking, on Redis's
     # schedule, would land in one of the readings.
@@ -397,16 +485,6 @@ async def run_benchmark(options: BenchOptions, progress: Progress) -> dict[str, 
     with _section_time(report, "scale_out"):
         report["scale_out"] = await _scale_out(options, progress)
     report["elapsed_s"]["total"] = round(time.perf_counter() - started, 1)
-    report["environment"] = {
-        "server": "REDIS_URL" if options.redis_url else "embedded",
-        "redis_version": version,
-        "cpus": os.cpu_count(),
-        "python": platform.python_version(),
-        "redis_py": redis.__version__,
-        "hiredis": HIREDIS_AVAILABLE,
-        "platform": platform.platform(),
-        "load_before": [round(x, 2) for x in load_before],
-        "load_after": [round(x, 2) for x in os.getloadavg()],
-    }
+    report["environment"] = _environment(options, version, load_before)
     report["goals"] = evaluate_goals(report)
     return report

@@ -1,6 +1,6 @@
 """Scale-out: the writer and the boundary at 64 tasks on a Redis Cluster, against one server.
 
-A private cluster of three masters (:class:`~eventstore.server.embedded_cluster.EmbeddedCluster`)
+A private cluster of three masters (:class:`~canon.bench.embedded_cluster.EmbeddedCluster`)
 and a private single server run side by side; each repeat runs both modes on both, in
 rotating order, so the cluster's figures are compared with the single server's pair by
 pair, as the throughput section compares modes with the floors. Redis CPU per invocation
@@ -40,11 +40,11 @@ from typing import Any, Final, cast
 from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 
+from canon.bench.embedded_cluster import EmbeddedCluster
 from canon.bench.report import spread
-from canon.bench.throughput import RunFilter, ThroughputBench
+from canon.bench.throughput import RunSelector, ThroughputBench
 from canon.bench.timing import Sample, bare_server_cpu
 from canon.bench.workload import Payloads
-from eventstore.server.embedded_cluster import EmbeddedCluster
 from eventstore.store import Store
 
 #: Concurrent tasks of every scale-out run.
@@ -148,12 +148,12 @@ def _curve_point(
     }
 
 
-async def _runs_on_masters(store: Store, cluster: EmbeddedCluster) -> list[RunFilter]:
+async def _runs_on_masters(store: Store, cluster: EmbeddedCluster) -> list[RunSelector]:
     """One filter per master of ``cluster``: the run ids whose shard that master holds."""
     client = cast(RedisCluster, store.client)
     await client.initialize()  # the slot table, read once (nothing moves during the bench)
 
-    def on(port: int) -> RunFilter:
+    def on(port: int) -> RunSelector:
         def holds(run_id: str) -> bool:
             slot = client.keyslot(store.keys.feed_of(run_id))
             return client.nodes_manager.get_node_from_slot(slot).port == port

@@ -51,6 +51,7 @@ def summary(samples: list[Sample]) -> dict[str, Any]:
         "p99_ms": spread([s.p99_ms for s in samples]),
         "client_cpu_us": spread([s.client_cpu_us for s in samples]),
         "server_cpu_us": spread([s.server_cpu_us for s in samples]),
+        "waits_per_invocation": spread([s.waits_per_invocation for s in samples]),
         "invocations": sum(s.invocations for s in samples),
     }
 

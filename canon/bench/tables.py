@@ -32,12 +32,24 @@ def render(report: dict[str, Any], console: Console) -> None:
         f"canon bench ({kind}): Redis {env['redis_version']} ({env['server']}), "
         f"{env['cpus']} CPUs, load {env['load_before']} -> {env['load_after']}"
     )
+    if report.get("only") != "archive":
+        _render_core(report, console)
+    if "archive" in report:
+        _render_archive(report["archive"], console)
+    for line in goal_lines(report["goals"]):
+        console.print(line, style="green" if line.startswith(PASS) else "yellow", highlight=False)
+
+
+def _render_core(report: dict[str, Any], console: Console) -> None:
+    """Every section but the archive's."""
     persistence = report.get("persistence", {})
     if persistence.get("appendonly", "no") == "no":
         server = "no persistence (appendonly no)"
     else:  # a given server (--redis-url) persisting as it is configured to
         server = f"appendonly yes, appendfsync {persistence.get('appendfsync', '?')}"
     _render_throughput(report, server, console)
+    _render_one_call(report.get("one_call", {}), server, console)
+    _render_encryption(report.get("encryption", {}), console)
     durability = report["durability"]
     for name, settings in _PERSISTENCE.items():
         if durability.get("measured") and name in durability:
@@ -50,8 +62,62 @@ def render(report: dict[str, Any], console: Console) -> None:
     _render_memory(report, console)
     _render_rest(report, console)
     _render_scale_out(report["scale_out"], console)
-    for line in goal_lines(report["goals"]):
-        console.print(line, style="green" if line.startswith(PASS) else "yellow", highlight=False)
+
+
+def _render_archive(section: dict[str, Any], console: Console) -> None:
+    """The archive's lag at each write rate and its search times, per database."""
+    if not section.get("measured"):
+        console.print(f"Archive: not measured: {section.get('reason', '')}")
+        return
+    lag = Table(
+        title=f"Archive lag: writers paced at fractions of the boundary's 16-in-flight rate "
+        f"({section['rate_per_s']:,.0f}/s, {section['rate_source']}), "
+        f"{section['config']['lag_duration_s']:g} s each; {section['config']['worker']}"
+    )
+    for column in ("database", "rate", "written/s", "archived/s", "p50 / p99 / max ms"):
+        lag.add_column(column, justify="right")
+    lag.add_column("worker CPU us/call", justify="right")
+    lag.add_column("bytes/call", justify="right")
+    search = Table(
+        title="Archive search: ms per page of 50 (p50 / p90 / max) on calls built in bulk",
+        caption="json_none: a condition no call meets, so every row is read (the worst case)",
+    )
+    search.add_column("database")
+    search.add_column("calls", justify="right")
+    search.add_column("bytes/call", justify="right")
+    shapes = ("indexed", "json_equal", "json_nested", "json_range", "json_none")
+    for shape in shapes:
+        search.add_column(shape, justify="right")
+    for backend in ("sqlite", "postgresql"):
+        figures = section.get(backend, {})
+        if "lag" not in figures:
+            console.print(f"Archive on {backend}: not measured: {figures.get('reason', '')}")
+            continue
+        for fraction, row in figures["lag"].items():
+            lag.add_row(
+                backend,
+                f"{fraction} x",
+                f"{row['rate_per_s']:,.0f}",
+                f"{row['drained_per_s']:,.0f}",
+                f"{row['p50_ms']:,.0f} / {row['p99_ms']:,.0f} / {row['max_ms']:,.0f}"
+                + (" (pending)" if row["pending"] else ""),
+                f"{row['worker_cpu_us_per_call'] or 0:,}",
+                f"{row['bytes_per_call'] or 0:,}",
+            )
+        found = figures["search"]
+        queries = found["queries"]
+        search.add_row(
+            backend,
+            f"{found['calls']:,}",
+            f"{found['bytes_per_call']:,}",
+            *(
+                f"{queries[shape]['p50_ms']:,.1f} / {queries[shape]['p90_ms']:,.1f} / "
+                f"{queries[shape]['max_ms']:,.1f}"
+                for shape in shapes
+            ),
+        )
+    console.print(lag)
+    console.print(search)
 
 
 def _render_throughput(section: dict[str, Any], persistence: str, console: Console) -> None:
@@ -91,6 +157,60 @@ def _render_throughput(section: dict[str, Any], persistence: str, console: Conso
                 _median(script, "p99_ms"),
             )
     console.print(table)
+
+
+def _render_one_call(rows: dict[str, Any], persistence: str, console: Console) -> None:
+    """What one call at a time costs (1 task), each mode beside the sync floor."""
+    if not rows:
+        return
+    table = Table(
+        title=f"One call at a time (1 task), {persistence}: medians over repeats; x floor: "
+        "medians of the pair-by-pair ratios to the minimal floor, sync, of the same run",
+        caption="waits: times one call waited for Redis (its awaited round trips)",
+    )
+    table.add_column("mode", no_wrap=True)
+    for column in ("wall us/call", "x floor", "client CPU us/call", "x floor", "waits/call"):
+        table.add_column(column, justify="right")
+    for mode, row in rows.items():
+        waits = row.get("waits")
+        table.add_row(
+            BY_KEY[mode].label,
+            "" if row["wall_us"] is None else f"{row['wall_us']:,.0f}",
+            _ratio(row.get("x_floor_wall")),
+            f"{row['client_cpu_us']:,.0f}",
+            _ratio(row.get("x_floor_client_cpu")),
+            "" if waits is None else f"{waits:.2f}",
+        )
+    console.print(table)
+
+
+def _render_encryption(section: dict[str, Any], console: Console) -> None:
+    """Client CPU per invocation with payloads encrypted at rest, beside plain ones."""
+    if not section:
+        return
+    if not section.get("measured"):
+        console.print(f"Encryption: not measured: {section.get('reason', '')}")
+        return
+    table = Table(
+        title="Payloads encrypted at rest (request, raw response, agent result of ~1 KiB "
+        "each): client CPU per invocation, medians; x plain: median of the pair-by-pair "
+        "ratios"
+    )
+    table.add_column("in flight", justify="right")
+    for column in ("plain us/call", "sealed us/call", "x plain"):
+        table.add_column(column, justify="right")
+    for tasks, cell in section["in_flight"].items():
+        table.add_row(
+            tasks,
+            f"{cell['plain_client_cpu_us']['median']:,.0f}",
+            f"{cell['sealed_client_cpu_us']['median']:,.0f}",
+            _ratio(cell["ratio"]["median"]),
+        )
+    console.print(table)
+
+
+def _ratio(value: float | None) -> str:
+    return "" if value is None else f"{value:.2f}"
 
 
 def _median(ratios: dict[str, Any] | None, metric: str) -> str:

@@ -149,6 +149,10 @@ class ThreadedModes:
             return Threads(window, len(runs), self._sync_boundary(runs)), self._store_writer()
         raise BenchError(f"{mode} is not a mode driven by threads, or its store is not open")
 
+    def waits(self) -> int:
+        """How many times the sync store's callers have waited for Redis so far."""
+        return 0 if self._store is None else self._store.async_store.batch_stats.waits
+
     def _store_writer(self) -> Writer:
         assert self._store is not None
         return self._store.async_store.writer

@@ -9,7 +9,9 @@ tool and logging on; ``boundary_def_tool``: the same with a plain ``def`` tool, 
 boundary runs in a worker thread. The two modes driven by plain threads are in
 :mod:`.threaded`. Each runs with N concurrent tasks (or threads) for a fixed window after
 a warm-up; a run yields invocations/s, the p50/p99 of one append (pipelined modes: of one
-pipeline, which every call in it waits for) and the client's and Redis's CPU time.
+pipeline, which every call in it waits for; the boundary modes: of one whole call), the
+client's and Redis's CPU time and, for the store's modes, how many times a call waited
+for Redis.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from canon.bench.timing import (
     bare_server_cpu,
     check_reply,
     drive,
+    timed_call,
     timing_appends,
 )
 from canon.bench.workload import (
@@ -57,7 +60,7 @@ from machine.codes import EvidenceStatus
 
 PIPELINE_INVOCATIONS: Final = 16
 #: Which run ids a measurement keeps (see :meth:`ThroughputBench.run`).
-RunFilter = Callable[[str], bool]
+RunSelector = Callable[[str], bool]
 #: Filtered runs are numbered from here, apart from the unfiltered ones (0 up).
 FILTERED_RUNS_FROM: Final = 100_000
 #: One invocation's script calls: (SHA, ``numkeys, *keys, *args``) each.
@@ -130,7 +133,7 @@ class ThroughputBench:
             await self._threaded.close()
 
     async def _open_runs(
-        self, mode: str, repeat: int, concurrency: int, where: RunFilter | None
+        self, mode: str, repeat: int, concurrency: int, where: RunSelector | None
     ) -> list[str]:
         letter = BY_KEY[mode].letter
         if where is None:
@@ -153,7 +156,7 @@ class ThroughputBench:
         warmup_s: float,
         duration_s: float,
         *,
-        runs_where: RunFilter | None = None,
+        runs_where: RunSelector | None = None,
     ) -> Sample:
         """Run ``mode`` once with ``concurrency`` tasks (or threads); return its sample.
 
@@ -177,17 +180,26 @@ class ThroughputBench:
                 return await one(runs[task], task, number, window)
 
             workers = Tasks(window, concurrency, bound)
-            # The boundary's appends are timed where the writer mode times its own.
-            timed = self._store.writer if mode in self._boundaries else None
+        waits = self._waits(mode)
         with timing_appends(timed, window) if timed is not None else contextlib.nullcontext():
-            return await drive(window, workers, warmup_s, duration_s, self._server_cpu)
+            return await drive(window, workers, warmup_s, duration_s, self._server_cpu, waits)
+
+    def _waits(self, mode: str) -> Callable[[], int] | None:
+        """How to read the waits for Redis of ``mode``'s store (None: a bare floor's)."""
+        if mode in ("writer", *self._boundaries):
+            stats = self._store.batch_stats
+            return lambda: stats.waits
+        if mode == "sync_boundary" and self._threaded is not None:
+            return self._threaded.waits
+        return None
 
     def _one(self, mode: str) -> Callable[[str, int, int, Window], Awaitable[int]]:
         if mode in self._boundaries:
             boundary = self._boundaries[mode]
 
             async def invoke(run_id: str, task: int, number: int, window: Window) -> int:
-                await self._boundary_one(boundary, run_id, number)
+                # Timed whole: one clock pair per call, as the floors time each command.
+                await timed_call(window, self._boundary_one(boundary, run_id, number))
                 window.count(1)
                 return 1
 

@@ -25,8 +25,10 @@ from eventstore.errors import CanonError
 from eventstore.writer import Writer
 
 _WRITER_CALLS: Final = ("create", "start_projecting", "complete")
-#: The window closes once its time is up and at least this many invocations finished...
-_FEWEST_INVOCATIONS: Final = 4.0
+#: The window closes once its time is up and at least this many invocations finished (a
+#: per-invocation count, such as the waits for Redis, is then off by at most 1/50 for the
+#: calls that straddle the window's edges, however busy the machine)...
+_FEWEST_INVOCATIONS: Final = 50.0
 #: ...or, whatever finished, once it has been open about this long.
 _LONGEST_WINDOW_S: Final = 20.0
 #: Redis CPU seconds used so far, one figure per server (on a cluster: per master).
@@ -66,6 +68,8 @@ class Sample:
     client_cpu_us: float
     server_cpu_us: float
     server_cpu_split_us: tuple[float, ...] = ()
+    #: Times a caller waited for Redis per invocation (the store's modes; 0: not counted).
+    waits_per_invocation: float = 0.0
 
 
 def percentile(values: list[float], fraction: float) -> float:
@@ -129,13 +133,23 @@ class Tasks:
 
 
 async def drive(
-    window: Window, workers: Workers, warmup_s: float, duration_s: float, server_cpu: ServerCpu
+    window: Window,
+    workers: Workers,
+    warmup_s: float,
+    duration_s: float,
+    server_cpu: ServerCpu,
+    waits: Callable[[], int] | None = None,
 ) -> Sample:
-    """Run ``workers`` through a warm-up and the measured window; return the sample."""
+    """Run ``workers`` through a warm-up and the measured window; return the sample.
+
+    ``waits``: how many times the mode's callers have waited for Redis so far (a store's
+    ``batch_stats.waits``), read as the window opens and closes.
+    """
     workers.start()
     try:
         await asyncio.sleep(warmup_s)
         server_started = await server_cpu()
+        waits_started = waits() if waits is not None else 0
         window.measuring = True
         started, cpu_started = time.perf_counter(), time.process_time()
         await asyncio.sleep(duration_s)
@@ -146,6 +160,7 @@ async def drive(
             await asyncio.sleep(duration_s / 10)
         window.measuring = False
         elapsed, cpu = time.perf_counter() - started, time.process_time() - cpu_started
+        waited = waits() - waits_started if waits is not None else 0
         server = [
             end - begin for begin, end in zip(server_started, await server_cpu(), strict=True)
         ]
@@ -160,6 +175,7 @@ async def drive(
         client_cpu_us=cpu / count * 1e6,
         server_cpu_us=sum(server) / count * 1e6,
         server_cpu_split_us=tuple(part / count * 1e6 for part in server),
+        waits_per_invocation=waited / count,
     )
 
 
@@ -184,6 +200,15 @@ def timing_appends(writer: Writer, window: Window) -> Iterator[None]:
     finally:
         for name in _WRITER_CALLS:
             writer.__dict__.pop(name, None)
+
+
+async def timed_call(window: Window, call: Awaitable[Any]) -> Any:
+    """Await ``call``, its latency counted into ``window`` while it is open."""
+    started = time.perf_counter()
+    result = await call
+    if window.measuring:
+        window.latencies.append(time.perf_counter() - started)
+    return result
 
 
 def check_reply(reply: AgentReply) -> None:

@@ -43,6 +43,7 @@ from machine.events import (
 )
 from machine.fold import record_pairs
 from machine.lifecycle import STATUS_OF, next_stage
+from machine.phases import DEFAULT_LEASE_MS
 
 TOOL: Final = "bench_search"
 #: Event id of every floor event: the scripts only compare it, so its length is what counts.
@@ -225,6 +226,7 @@ class FloorArgs:
                 refusals_kept=REFUSALS_KEPT,
                 log_refusals="all",
                 event_type="Preflighted",
+                lease_ms=DEFAULT_LEASE_MS,
             ),
             group_args=fields,
         )
@@ -241,7 +243,6 @@ class FloorArgs:
                 feed=k.feed_of(run_id),
                 progress=k.progress(run_id),
                 run=k.run(run_id),
-                control=k.control_of(run_id),
             ),
             AppendArgv(
                 event_type=event_type(event),
@@ -302,8 +303,8 @@ def _minimal_fields(
 
     The lifecycle fields come first, in the order ``create.lua`` and ``append.lua`` set
     them (``expires_at_ms`` and ``invocation_id`` are placeholders, filled per call),
-    then the event's own fields and payload; an event's ``evidence_status`` is the
-    record's, as ``append.lua`` folds it.
+    then the event's own fields and payload, and for the first event the call's lease;
+    an event's ``evidence_status`` is the record's, as ``append.lua`` folds it.
     """
     calls: list[tuple[list[EncodableT], int, int]] = []
     stage = Stage.NEW
@@ -325,6 +326,9 @@ def _minimal_fields(
         fields[f"e{event.version}"] = event.event_id
         pairs = _pairs(event, payload)
         fields.update(zip(pairs[::2], pairs[1::2], strict=True))
+        if stage is Stage.NEW:
+            # create.lua's second HSET: the lease of the call that starts running.
+            fields |= {"lease_version": 1, "lease_until_ms": event.at_ms + DEFAULT_LEASE_MS}
         flat = [item for pair in fields.items() for item in pair]
         calls.append((flat, TYPE_CODES[kind], STATUS_CODES[STATUS_OF[dest]]))
         stage = dest

@@ -7,49 +7,58 @@ SCAN).
 ``canon approve RUN_ID TOOL_CALL_ID --reason TEXT`` and ``canon deny ...`` record an
 operator's decision: the first decision wins, and a later one prints what was decided
 (exit 1). ``canon pause RUN_ID --reason TEXT`` stops the run's new calls and dispatches
-until ``canon unpause``. The operator is ``--by`` (default: this machine's user name); who,
-when and why are kept on the call or the run. ``canon sweep-approvals`` records the expiry
-of every call of the latest runs left waiting past its approval's expiry (run it from cron
-or a timer: otherwise an expiry is recorded when the call is next resumed or decided).
+until ``canon unpause``; pausing a run paused already says by whom, since when and why
+(exit 1, nothing changed), and a closed or unknown run is refused (exit 1). The operator
+is the one your token names (``CANON_OPERATOR_TOKEN`` or ``--operator-token-file``) in
+the operators file
+(``CANON_OPERATORS`` or ``--operators-file``; ``canon operators add NAME`` makes an entry):
+who, when and why are kept on the call or the run. ``canon sweep-approvals`` records the
+expiry of every call of the latest runs left waiting past its approval's expiry (run it
+from cron or a timer: otherwise an expiry is recorded when the call is next resumed or
+decided).
 
 Exit 0 when the decision or the pause was recorded, 1 when the call was already decided
-(or is not waiting) or the run is unknown, 2 on usage errors, 3 when Redis is unavailable.
+(or is not waiting), the operator requested the call, the run is unknown or closed, or
+it was paused (unpaused) already, 2 on usage errors (no credential, a token the
+operators file does not name), 3 when Redis is unavailable.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import getpass
+import os
 from typing import Any
 
-from canon.commands.readonly import bad_ids, fail, print_json, run_read_only, stdout_console
+from canon.commands.readonly import (
+    bad_ids,
+    fail,
+    pause_note,
+    print_json,
+    run_read_only,
+    stdout_console,
+)
 from canon.connection import add_connection_args, open_store
 from canon.exitcodes import RET_OK, RET_PROBLEM
+from canon.operator_credentials import NoBy, add_credential_args, authenticated_operator
 from canon.service import add_logging_args, setup_logging
-from eventstore.approvals import pending_approvals, sweep_expired
 from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.audit.waiting import pending_approvals, sweep_expired
 from eventstore.decisions import (
-    MAX_APPROVER_CHARS,
     MAX_REASON_CHARS,
     Decision,
     NotAwaitingApproval,
+    RequesterCannotApprove,
     Superseded,
     checked_text,
 )
 from eventstore.errors import InvalidArgument, Refused
+from eventstore.runs import PauseOutcome, RunClosed
 from eventstore.store import Store
 from machine.codes import Stage
 from projections.receipts.builder import iso_ms
 
 _WAITING = (Stage.AWAITING_APPROVAL.value, Stage.APPROVED.value)
-
-
-def _operator() -> str:
-    try:
-        return getpass.getuser()
-    except (KeyError, OSError):  # no user name in this environment: --by is then required
-        return ""
 
 
 def _text(limit: int) -> Any:
@@ -81,9 +90,7 @@ def _decide(args: argparse.Namespace) -> int:
     setup_logging(args)
     if bad_ids(args.run_id, args.tool_call_id):
         return RET_PROBLEM
-    if not args.by:
-        fail("no operator name: give --by")
-        return RET_PROBLEM
+    args.by = authenticated_operator(args, os.environ)
     approve = args.command == "approve"
     if getattr(args, "edit", None) is not None:
         return _supersede(args)
@@ -102,6 +109,9 @@ def _decide(args: argparse.Namespace) -> int:
         decision = asyncio.run(work())
     except NotAwaitingApproval as exc:
         fail(f"{args.tool_call_id}: {exc}")
+        return RET_PROBLEM
+    except RequesterCannotApprove:
+        fail(f"{args.tool_call_id}: {args.by} requested this call and cannot approve it")
         return RET_PROBLEM
     if args.json:
         print_json(decision)
@@ -144,19 +154,31 @@ def _pause(args: argparse.Namespace) -> int:
     setup_logging(args)
     if bad_ids(args.run_id):
         return RET_PROBLEM
-    if not args.by:
-        fail("no operator name: give --by")
-        return RET_PROBLEM
+    args.by = authenticated_operator(args, os.environ)
 
-    async def work() -> bool:
+    pausing = args.command == "pause"
+
+    async def work() -> PauseOutcome | None:
         async with open_store(args) as store:
-            switch = store.pause_run if args.command == "pause" else store.unpause_run
-            return await switch(args.run_id, by=args.by, reason=args.reason)
+            return await store.decisions.set_run_paused(
+                args.run_id, pausing, by=args.by, reason=args.reason
+            )
 
-    if not asyncio.run(work()):
+    try:
+        done = asyncio.run(work())
+    except RunClosed:
+        fail(f"run {args.run_id} is closed (or past its deadline): nothing of it runs to pause")
+        return RET_PROBLEM
+    if done is None:
         fail(f"no run {args.run_id} (unknown or expired)")
         return RET_PROBLEM
-    stdout_console().print(f"{args.run_id}: {args.command}d by {args.by}")
+    if not done.changed:
+        fail(
+            f"run {args.run_id} is {'already paused' if pausing else 'not paused'}"
+            + pause_note(done.by, done.reason, done.at_ms)
+        )
+        return RET_PROBLEM
+    stdout_console().print(f"{args.run_id}: {args.command}d by {args.by}", highlight=False)
     return RET_OK
 
 
@@ -178,6 +200,7 @@ def _waiting_row(call: CallRow) -> dict[str, Any]:
         "invocation_id": call.invocation_id,
         "tool": call.tool,
         "stage": call.stage,
+        "phase": call.phase,
         "requested_at": iso_ms(call.created_at_ms),
         "request_bytes": call.request_bytes,
     }
@@ -201,24 +224,31 @@ def _list(args: argparse.Namespace) -> int:
                 {
                     "run_id": args.run_id,
                     "paused": info.paused,
+                    "pause": info.pause,
                     "waiting": [_waiting_row(call) for call in waiting],
                 }
             )
             return RET_OK
         console = stdout_console()
-        state = " (the run is paused)" if info.paused else ""
+        pause = info.pause
+        state = (
+            f" (the run is paused{pause_note(pause.by, pause.reason, pause.at_ms)})"
+            if pause is not None
+            else ""
+        )
         if not waiting:
             console.print(f"no governed call of {args.run_id} is waiting{state}")
             return RET_OK
         console.print(f"governed calls of {args.run_id} waiting, oldest first{state}:")
         for call in waiting:
             what = (
-                "for a decision"
+                "awaiting approval: for a decision"
                 if call.stage == Stage.AWAITING_APPROVAL.value
-                else ("approved, for its resume")
+                else "approved, for its resume: not dispatched yet"
             )
             console.print(
-                f"  {iso_ms(call.created_at_ms)}  {call.tool_call_id}  {call.tool}  {what}"
+                f"  {iso_ms(call.created_at_ms)}  {call.tool_call_id}  {call.tool}  {what}",
+                highlight=False,
             )
         return RET_OK
 
@@ -265,12 +295,9 @@ def _decision_args(parser: argparse.ArgumentParser) -> None:
         type=_text(MAX_REASON_CHARS),
         help=f"why (kept with the decision; at most {MAX_REASON_CHARS} characters)",
     )
-    parser.add_argument(
-        "--by",
-        type=_text(MAX_APPROVER_CHARS),
-        default=_operator(),
-        help="who decides (default: this machine's user name)",
-    )
+    add_credential_args(parser)
+    # Gone: the operator is the one the token names, never a name typed here.
+    parser.add_argument("--by", action=NoBy, nargs="?", help=argparse.SUPPRESS)
 
 
 def register(subparsers: Any) -> None:

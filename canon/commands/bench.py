@@ -2,7 +2,9 @@
 
 Starts its own private Redis servers unless ``--redis-url`` or ``REDIS_URL`` names one,
 prints the tables and the goals as PASS/SHORT lines, and writes the JSON report to
-``--json FILE`` (``-`` for standard output). The exit code is 0 whether goals pass or
+``--json FILE`` (``-`` for standard output). ``--archive`` adds the archive section
+(opt-in: minutes, and about 20 GB of disk on a full run, :mod:`canon.bench.archive`);
+``--archive-only`` runs it alone. The exit code is 0 whether goals pass or
 not: the benchmark measures, it does not gate; 1 when it could not run, 3 when its Redis
 cannot be reached.
 """
@@ -20,9 +22,9 @@ from typing import Any
 import redis.exceptions
 from rich.console import Console
 
-from canon.bench import BenchOptions, render, run_benchmark
+from canon.bench import BenchOptions, render, run_archive_benchmark, run_benchmark
+from canon.command_errors import check_url, explain
 from canon.exitcodes import RET_OK, RET_PROBLEM
-from canon.failures import check_url, explain
 from eventstore.errors import StoreUnavailable
 
 
@@ -51,6 +53,24 @@ def register(subparsers: Any) -> None:
         default=None,
         help="redis-server binary for the private servers",
     )
+    archive = parser.add_mutually_exclusive_group()
+    archive.add_argument(
+        "--archive",
+        action="store_true",
+        help="also run the archive section: its lag in SQLite and PostgreSQL at the "
+        "boundary's rate, and search on 1,000,000 calls built in bulk (about 30 minutes and "
+        "20 GB of disk; --quick: 20,000 calls)",
+    )
+    archive.add_argument(
+        "--archive-only", action="store_true", help="run the archive section alone"
+    )
+    parser.add_argument(
+        "--archive-postgres",
+        metavar="URL",
+        default=None,
+        help="a PostgreSQL database the archive section may fill (default: a private "
+        "server from Debian's postgresql binaries, removed at the end)",
+    )
     parser.set_defaults(handler=run)
 
 
@@ -67,6 +87,8 @@ def run(args: argparse.Namespace) -> int:
     if url:
         check_url(url)  # a bad scheme is a usage error (2), not a failed run
     options = preset.on(url, args.redis_server)
+    if args.archive or args.archive_only:
+        options = options.with_archive(only=args.archive_only, postgres_url=args.archive_postgres)
     to_stdout = args.json == "-"
     console = Console(file=sys.stderr if to_stdout else sys.stdout, width=160)
 
@@ -74,7 +96,8 @@ def run(args: argparse.Namespace) -> int:
         console.print(f"[dim]{message}[/dim]")
 
     try:
-        report = asyncio.run(run_benchmark(options, progress))
+        measure = run_archive_benchmark if options.archive_only else run_benchmark
+        report = asyncio.run(measure(options, progress))
     except Exception as exc:  # one clear line, never a traceback
         if isinstance(exc, redis.exceptions.ConnectionError | redis.exceptions.TimeoutError):
             raise StoreUnavailable(type(exc).__name__) from exc  # exit 3, with the reason

@@ -3,7 +3,8 @@
 With no ``REDIS_URL`` it starts an embedded Redis (append-only file under ``--data-dir``)
 and stops it on exit. Projection workers run in the background while the harness calls
 tools; the tables show runs, outcomes, progress views, a few receipts and one replay, and
-the last block says how to look at what it wrote with the other commands. With
+the last block says how to look at what it wrote with the other commands (each as it
+runs from any shell: ``canon`` when this one is on ``PATH``, else its path). With
 ``--serve`` the embedded Redis and the operator console keep running after the demo (its
 URL, the Redis URL and an operator token are printed) until SIGINT or SIGTERM.
 """
@@ -29,30 +30,38 @@ from canon.argtypes import bounded, port_number
 from canon.commands.replay import print_replay
 from canon.connection import add_connection_args, open_store
 from canon.demo.harness import WAITING, DemoRun, drive, planned_calls
-from canon.demo.look import Where, print_look
+from canon.demo.look import Where, canon_command, print_look
 from canon.demo.serving import demo_token, keep_serving, listen
 from canon.exitcodes import RET_OK
-from canon.logs import configure_logging
-from canon.operator import add_console_args
+from canon.logging_setup import configure_logging
+from canon.operator_credentials import add_console_args, add_operator
 from eventstore.audit import replay_invocation
+from eventstore.audit.run_calls import run_calls
 from eventstore.runs import RunInfo
 from eventstore.server.embedded import EmbeddedRedis
 from eventstore.store import Store
 from machine.ids import invocation_id
+from machine.phases import Phase
 from projections import ProgressWorker, ReceiptWorker, read_view
 from projections.receipts.builder import encode_receipt
 from projections.receipts.inspection import inspect_invocation
 from projections.worker.runtime import Worker
 
+#: The phases a call not ended and not waiting for an operator may be in.
+_IN_FLIGHT = (Phase.DISPATCHING, Phase.ATTEMPTED, Phase.ABANDONED)
 REFUSALS_NOTE = (
     "READY and ERROR count every answer the agent got. Refusals (a duplicate call id, "
     "a call naming another run, a spent budget, a tool that is not read-only) are "
     "answers, not invocations: they use no budget and leave no invocation record; the "
-    "run's refusal log keeps them (refused)."
+    "run's refusal log keeps them (refused). budget: used / total. waiting: governed "
+    "calls awaiting an operator's approval (or approved, awaiting their resume): "
+    "recorded, not run; in flight: calls recorded and not ended otherwise."
 )
 FACTS_NOTE = (
     "facts: what the run's READY calls established, as the agent may cite them (one per "
-    "READY call, bounded; NO_EVIDENCE gives a negative observation within its scope)."
+    "READY call, bounded; NO_EVIDENCE gives a negative observation within its scope). "
+    "by status is the public status: PROJECTING counts every call not ended, the "
+    "governed calls waiting for an operator included (the runs table tells them apart)."
 )
 
 
@@ -77,9 +86,9 @@ def configure_demo_logging() -> None:
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(file=stream))
 
 
-def _runs_table(store_runs: list[tuple[DemoRun, RunInfo | None]]) -> Table:
+async def _runs_table(store: Store, store_runs: list[tuple[DemoRun, RunInfo | None]]) -> Table:
     table = Table(title="Runs", caption=REFUSALS_NOTE, caption_justify="left")
-    for column in ("run", "budget", "used", "READY", "ERROR", "refused"):
+    for column in ("run", "budget", "READY", "ERROR", "waiting", "in flight", "refused"):
         table.add_column(
             column, justify="left" if column == "run" else "right", no_wrap=column == "run"
         )
@@ -88,12 +97,16 @@ def _runs_table(store_runs: list[tuple[DemoRun, RunInfo | None]]) -> Table:
         errors = sum(n for label, n in demo_run.outcomes.items() if label.startswith("ERROR"))
         used = info.used_total if info else 0
         refused = sum(info.refused.values()) if info else 0
+        phases = Counter(row.phase for row in await run_calls(store, demo_run.run_id))
+        waiting = phases[Phase.AWAITING_APPROVAL.value] + phases[Phase.APPROVED.value]
+        in_flight = sum(phases[phase.value] for phase in _IN_FLIGHT)
         table.add_row(
             demo_run.run_id,
-            str(demo_run.budget),
-            str(used),
+            f"{used}/{demo_run.budget}",
             str(ready),
             str(errors),
+            str(waiting),
+            str(in_flight),
             str(refused),
         )
     return table
@@ -161,6 +174,25 @@ async def _show_receipts(console: Console, store: Store, demo_run: DemoRun) -> N
         console.print_json(json.dumps(json.loads(encode_receipt(receipt))))
 
 
+#: The operator the demo names for its printed ``canon approve``.
+DEMO_OPERATOR = "demo-operator"
+
+
+def demo_operator(directory: pathlib.Path) -> tuple[pathlib.Path, pathlib.Path]:
+    """The demo operator's operators file and token file in ``directory`` (made once).
+
+    So that the printed ``canon approve`` works as printed: a decision is recorded as the
+    operator a token names, never a name typed on the command line.
+    """
+    operators, token = directory / "operators.txt", directory / "demo-operator.token"
+    directory.mkdir(parents=True, exist_ok=True)
+    if not (operators.exists() and token.exists()):
+        operators.unlink(missing_ok=True)
+        token.unlink(missing_ok=True)
+        add_operator(DEMO_OPERATOR, operators, token)
+    return operators, token
+
+
 async def _settle(workers: list[Worker], tasks: list[asyncio.Task[None]]) -> None:
     for worker in workers:
         worker.stop()
@@ -178,7 +210,7 @@ async def run_demo(
 
     ``then`` runs with the store still open (and the embedded Redis still running).
     """
-    where = Where(namespace=args.namespace, redis_url=args.redis_url)
+    where = Where(namespace=args.namespace, redis_url=args.redis_url, canon=canon_command())
 
     def announce(server: EmbeddedRedis, data_dir: pathlib.Path) -> None:
         where.embedded_url, where.data_dir = server.url, data_dir
@@ -216,7 +248,7 @@ async def run_demo(
         await _settle(workers, tasks)
 
         infos = [(demo_run, await store.run_info(demo_run.run_id)) for demo_run in runs]
-        console.print(_runs_table(infos))
+        console.print(await _runs_table(store, infos))
         console.print(_outcomes_table(runs))
         console.print(await _views_table(store, runs))
         await _show_receipts(console, store, runs[0])
@@ -229,6 +261,8 @@ async def run_demo(
         # The last run's budget is the one that binds (see drive).
         where.budget_run = runs[-1].run_id
         where.waiting_call = runs[0].first_call_with(WAITING)
+        if where.waiting_call is not None:
+            where.operator_files = demo_operator(where.data_dir or pathlib.Path(".canon"))
         where.runs = [demo_run.run_id for demo_run in runs]
         if then is not None:
             await then(store, where)

@@ -17,14 +17,18 @@ from typing import IO
 import msgspec
 
 from canon.commands.readonly import (
+    add_archive_arg,
+    archive_url,
     bad_ids,
     elsewhere,
     fail,
     read_only_command,
+    run_on_archive,
     run_read_only,
 )
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import export_run
+from eventstore.audit.source import AuditSource
 from eventstore.store import Store
 
 
@@ -33,7 +37,7 @@ def _handle(args: argparse.Namespace) -> int:
         return RET_USAGE
     output: pathlib.Path | None = args.output
 
-    async def work(store: Store) -> int:
+    async def work(store: Store | AuditSource) -> int:
         found = False
         encoder = msgspec.json.Encoder()
         with ExitStack() as stack:
@@ -44,6 +48,12 @@ def _handle(args: argparse.Namespace) -> int:
                 found = found or line.get("present") is True or line["kind"] == "record"
                 sink.write(encoder.encode(line).decode() + "\n")
         if not found:
+            if not isinstance(store, Store):
+                fail(
+                    f"no run or invocation found for run {args.run_id} in namespace "
+                    f"{store.namespace} of the archive"
+                )
+                return RET_PROBLEM
             hint = await elsewhere(store, args.run_id)
             fail(
                 f"no run or invocation found for run {args.run_id} in namespace "
@@ -53,6 +63,8 @@ def _handle(args: argparse.Namespace) -> int:
         return RET_OK
 
     try:
+        if archive_url(args) is not None:
+            return run_on_archive(args, work)
         return run_read_only(args, work)
     except OSError as exc:
         fail(f"cannot write the output file ({exc.strerror or type(exc).__name__})")
@@ -88,3 +100,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         metavar="FILE",
         help="write to FILE instead of stdout",
     )
+    add_archive_arg(parser, "read the run from this archive instead of Redis (after its TTL)")

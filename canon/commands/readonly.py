@@ -4,7 +4,7 @@
 handler); :func:`bad_ids` checks the ids named on its command line, one line on
 standard error for a bad one; :func:`run_read_only` opens the store without writing a
 byte, and connection failures become one line on standard error in ``canon.cli``
-(:mod:`canon.failures`): exit code 2 for bad settings, 3 for a server that cannot be
+(:mod:`canon.command_errors`): exit code 2 for bad settings, 3 for a server that cannot be
 reached. :func:`print_json` writes one JSON document a line; :func:`refuse_cluster` says
 that a command that scans one server was pointed at a cluster. :func:`elsewhere` ends a
 "nothing found" line with the other namespaces that hold runs (or the run asked for).
@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import os
 import sys
 from collections.abc import Awaitable, Callable
 from typing import Final
@@ -21,25 +22,37 @@ from typing import Final
 import msgspec
 from rich.console import Console
 
+from canon.command_errors import CommandError, fail
 from canon.connection import add_connection_args, configured_url
-from canon.failures import CommandError, fail
 from eventstore.audit import open_read_only
 from eventstore.audit.namespaces import OtherNamespaces, other_namespaces
 from eventstore.errors import CanonError
+from eventstore.keyring import load_keyring
 from eventstore.store import Store
 from machine.ids import is_run_id, is_tool_call_id
+from projections.archive.database import archive_at
+from projections.archive.schema import check_schema
+from projections.archive.source import ArchiveSource
+from projections.receipts.builder import iso_ms
 
 __all__ = [
+    "ARCHIVE_ENV",
+    "add_archive_arg",
+    "archive_url",
     "bad_ids",
     "elsewhere",
     "fail",
     "print_json",
     "read_only_command",
     "refuse_cluster",
+    "run_on_archive",
     "run_read_only",
     "stdout_console",
     "where_else",
 ]
+
+#: The environment variable naming the archive database (``--archive`` overrides it).
+ARCHIVE_ENV: Final = "CANON_ARCHIVE_URL"
 
 #: Namespaces named in a hint before the rest are only counted.
 NAMES_SHOWN: Final = 5
@@ -169,8 +182,73 @@ def run_read_only(args: argparse.Namespace, work: Callable[[Store], Awaitable[in
 
     async def main() -> int:
         async with open_read_only(
-            url, namespace=args.namespace, shards=args.shards, cluster=cluster
+            url,
+            namespace=args.namespace,
+            shards=args.shards,
+            cluster=cluster,
+            keys=load_keyring(),  # CANON_KEYS: encrypted payloads are read opened
         ) as store:
             return await work(store)
 
     return asyncio.run(main())
+
+
+def add_archive_arg(parser: argparse.ArgumentParser, help: str) -> None:
+    """Add ``--archive URL`` (default: ``$CANON_ARCHIVE_URL`` when the flag is given bare)."""
+    parser.add_argument(
+        "--archive",
+        nargs="?",
+        const=os.environ.get(ARCHIVE_ENV) or "",
+        default=None,
+        metavar="URL",
+        help=f"{help} (sqlite:///FILE or postgresql://...; bare: ${ARCHIVE_ENV})",
+    )
+
+
+def archive_url(args: argparse.Namespace) -> str | None:
+    """The archive the command reads, or None when it reads Redis.
+
+    Raises:
+        CommandError: ``--archive`` was given bare and ``$CANON_ARCHIVE_URL`` is unset.
+
+    """
+    url: str | None = getattr(args, "archive", None)
+    if url is None:
+        return None
+    if not url:
+        raise CommandError(f"--archive needs a URL, or set {ARCHIVE_ENV}")
+    return url
+
+
+def run_on_archive(
+    args: argparse.Namespace, work: Callable[[ArchiveSource], Awaitable[int]]
+) -> int:
+    """Open the archive ``--archive`` names, check its schema, and run ``work`` on it.
+
+    Raises:
+        CommandError: no archive URL.
+        InvalidArgument: the URL is not an archive URL.
+        ArchiveSchemaError: the archive's schema is not this version's.
+        ArchiveUnavailable: the database cannot be read.
+
+    """
+    url = archive_url(args)
+    if url is None:
+        raise CommandError(f"name the archive with --archive URL or {ARCHIVE_ENV}")
+
+    async def main() -> int:
+        async with archive_at(url) as database:
+            await check_schema(database)
+            # CANON_KEYS: encrypted payloads are read opened, with the archived data keys
+            source = ArchiveSource(database, args.namespace, keys=load_keyring())
+            return await work(source)
+
+    return asyncio.run(main())
+
+
+def pause_note(by: str, reason: str, at_ms: int | None) -> str:
+    """`` by ana since <time>: why``, as far as the run recorded them."""
+    note = f" by {by}" if by else ""
+    if at_ms is not None:
+        note += f" since {iso_ms(at_ms)}"
+    return note + (f": {reason}" if reason else "")

@@ -1,7 +1,10 @@
 """``canon replay RUN_ID [TOOL_CALL_ID]``: what happened to each call, and is it intact.
 
-A run is one line per call (created, call, tool, status, evidence, duration, code,
-verdict); ``--events`` (or naming one call) shows each call's whole timeline.
+A run is one line per call (created, call, tool, status and stage, evidence, duration,
+code, verdict); ``--events`` (or naming one call) shows each call's whole timeline. The
+stage says where a call stands beside its status: awaiting_approval, approved (not
+dispatched), dispatching, attempted or abandoned (its process died), ready, error, or
+reconciled (settled after its process died: by whom is shown).
 """
 
 from __future__ import annotations
@@ -16,16 +19,20 @@ from rich.markup import escape
 from rich.table import Table
 
 from canon.commands.readonly import (
+    add_archive_arg,
+    archive_url,
     bad_ids,
     elsewhere,
     fail,
     print_json,
     read_only_command,
+    run_on_archive,
     run_read_only,
     stdout_console,
 )
 from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import InvocationReplay, replay_invocation, replay_run
+from eventstore.audit.source import AuditSource, source_of
 from eventstore.runs import Refusal
 from eventstore.store import Store
 from machine.events import SCHEMA_VERSION
@@ -164,6 +171,19 @@ def _differences(replay: InvocationReplay) -> list[tuple[str, Any, Any]]:
     ]
 
 
+def print_erasure(console: Console, replay: InvocationReplay) -> None:
+    """Say that the invocation's payloads were erased: by whom, when and why."""
+    erasure = replay.erasure
+    if erasure is None:
+        console.print("payloads erased (the run's tombstone is not readable)", highlight=False)
+        return
+    console.print(
+        f"payloads erased by {escape(erasure.by)} at {_when(erasure.at_ms)}: "
+        f"{escape(erasure.reason)} (digests kept; the journal still verifies)",
+        highlight=False,
+    )
+
+
 def print_failure_detail(console: Console, replay: InvocationReplay) -> None:
     """Print the record's harness-only failure detail, if it holds one."""
     if replay.failure_detail_bytes is None:
@@ -193,16 +213,29 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
     line = f"run {replay.run_id} · call {escape(replay.tool_call_id)}"
     if state is not None:
         line += f" · tool {state.tool} · status {state.status.value}"
+        if replay.phase:
+            line += f" · stage {replay.phase}"
         line += f" · evidence {state.evidence_status.value}"
         if state.error_code is not None:
             line += f" · error {state.error_code.value}"
+        if state.settled_by is not None:
+            line += f" · settled by {escape(state.settled_by)}"
     console.print(line)
-    console.print(
-        f"record {'present' if replay.record_present else 'MISSING'}, "
-        f"stream {'present' if replay.stream_present else 'MISSING'}, "
-        f"expires {_when(replay.expires_at_ms)} "
-        f"(PTTL record {replay.record_pttl_ms} ms, stream {replay.stream_pttl_ms} ms)"
-    )
+    if replay.archived:
+        console.print(
+            f"archived: record {'present' if replay.record_present else 'MISSING'}, "
+            f"events {'present' if replay.stream_present else 'MISSING'}, "
+            f"expired from Redis at {_when(replay.expires_at_ms)}"
+        )
+    else:
+        console.print(
+            f"record {'present' if replay.record_present else 'MISSING'}, "
+            f"stream {'present' if replay.stream_present else 'MISSING'}, "
+            f"expires {_when(replay.expires_at_ms)} "
+            f"(PTTL record {replay.record_pttl_ms} ms, stream {replay.stream_pttl_ms} ms)"
+        )
+    if replay.verdict.payloads_erased:
+        print_erasure(console, replay)
     wide = console.width >= WIDE_TIMELINE
     console.print(_timeline(replay) if wide else _narrow_timeline(replay))
     print_failure_detail(console, replay)
@@ -223,17 +256,19 @@ def print_replay(console: Console, replay: InvocationReplay) -> None:
         (verdict.payload_digests_match, "every payload digest matches"),
         (verdict.expiry_set, "record and stream expire together"),
     ):
+        if replay.archived and ok is verdict.expiry_set:
+            continue  # an archived invocation has no expiry left to judge
         note = " (not judged: no record, no stream, or the journal does not fold)"
         console.print(f"  {marks[ok]} {text}{note if ok is None else ''}")
     for problem in replay.problems:
         console.print(f"  problem: {problem}")
-    console.print("[green]INTACT[/green]" if verdict.intact else "[red]NOT INTACT[/red]")
+    console.print(_verdict_text(replay))
 
 
 def run_table(replays: list[InvocationReplay]) -> Table:
     """One row per call of a run, in creation order: what happened and whether it holds."""
     table = Table(box=box.SIMPLE_HEAD, title="calls", title_justify="left")
-    for name in ("created", "call", "tool", "status", "evidence", "ms", "code", "verdict"):
+    for name in ("created", "call", "tool", "status", "stage", "evidence", "ms", "code", "verdict"):
         table.add_column(name, justify="right" if name == "ms" else "left", overflow="fold")
     for replay in replays:
         state = replay.record or replay.folded
@@ -243,12 +278,24 @@ def run_table(replays: list[InvocationReplay]) -> Table:
             escape(replay.tool_call_id),
             "?" if state is None else escape(state.tool),
             "?" if state is None else state.status.value,
+            replay.phase or "?",
             "?" if state is None else state.evidence_status.value,
             str(times[-1] - times[0]) if len(times) > 1 else "",
             "" if state is None or state.error_code is None else state.error_code.value,
-            "[green]INTACT[/green]" if replay.verdict.intact else "[red]NOT INTACT[/red]",
+            _verdict_text(replay),
         )
     return table
+
+
+def _verdict_text(replay: InvocationReplay) -> str:
+    """A run table's verdict cell: INTACT (ERASED when its payloads were), or NOT INTACT."""
+    if not replay.verdict.intact:
+        return "[red]NOT INTACT[/red]"
+    return (
+        "[green]INTACT[/green] (erased)"
+        if replay.verdict.payloads_erased
+        else "[green]INTACT[/green]"
+    )
 
 
 def print_refusals(console: Console, refusals: list[Refusal], counts: dict[str, int]) -> None:
@@ -278,7 +325,8 @@ def _handle(args: argparse.Namespace) -> int:
     if bad_ids(args.run_id, args.tool_call_id or None):
         return RET_USAGE
 
-    async def work(store: Store) -> int:
+    async def work(store: Store | AuditSource) -> int:
+        source = source_of(store)
         if args.tool_call_id:
             one = await replay_invocation(store, args.run_id, args.tool_call_id)
             replays = [one] if one is not None else []
@@ -287,14 +335,15 @@ def _handle(args: argparse.Namespace) -> int:
         refused: dict[str, int] = {}
         refusals: list[Refusal] = []
         if not args.tool_call_id:
-            info = await store.run_info(args.run_id)
+            info = await source.run_info(args.run_id)
             refused = info.refused if info is not None else {}
             if refused:
-                refusals = await store.refusals(args.run_id, limit=1000 if args.json else 20)
+                refusals = await source.refusals(args.run_id, limit=1000 if args.json else 20)
         intact = bool(replays) and all(replay.verdict.intact for replay in replays)
         if args.json:
             document = {
                 "run_id": args.run_id,
+                **({"archived": True} if source.archived else {}),
                 "intact": intact,
                 "invocations": replays,
                 "refused": refused,
@@ -319,14 +368,20 @@ def _handle(args: argparse.Namespace) -> int:
             if refused:
                 print_refusals(console, refusals, refused)
         if not replays:
-            namespace = store.keys.namespace
-            # A run this namespace knows was looked for in the right place.
-            hint = "" if await store.run_info(args.run_id) else await elsewhere(store, args.run_id)
+            namespace = source.namespace
             # The call id is not repeated: it may hold characters a terminal acts on.
             what = "no such invocation" if args.tool_call_id else "no invocation found"
+            if source.archived:
+                fail(f"{what} for run {args.run_id} in namespace {namespace} of the archive")
+                return RET_PROBLEM
+            assert isinstance(store, Store)
+            # A run this namespace knows was looked for in the right place.
+            hint = "" if await store.run_info(args.run_id) else await elsewhere(store, args.run_id)
             fail(f"{what} for run {args.run_id} in namespace {namespace} (absent or expired){hint}")
         return RET_OK if intact else RET_PROBLEM
 
+    if archive_url(args) is not None:
+        return run_on_archive(args, work)
     return run_read_only(args, work)
 
 
@@ -337,14 +392,15 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         "replay",
         help="re-fold a run's invocations from their journals and judge their records",
         description=(
-            "List a run's calls, one line each (created, tool, status, evidence, duration, "
-            "error code, verdict); with --events, or for one named call, show each "
+            "List a run's calls, one line each (created, tool, status, stage, evidence, "
+            "duration, error code, verdict); with --events, or for one named call, show each "
             "invocation's timeline (version, event, time, sizes, digests, state "
             "after each event), the state re-folded through the machine, and a verdict: "
             "chain intact, every transition legal, record equal to its fold, every payload "
             "digest matching, expiry set. A failed call's harness-only failure detail "
             "(exception type, message, traceback) is shown under its timeline. "
-            "Read-only: never writes, never touches a TTL. "
+            "Read-only: never writes, never touches a TTL. With --archive, the run is read "
+            "from the archive (after its TTL), with the same output. "
             "Exit 0 when intact, 1 when not (or nothing found), 2 on usage errors, 3 when "
             "Redis is unavailable."
         ),
@@ -358,3 +414,4 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     parser.add_argument(
         "--events", action="store_true", help="each call's whole timeline, not one line a call"
     )
+    add_archive_arg(parser, "read the run from this archive instead of Redis (after its TTL)")

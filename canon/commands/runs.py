@@ -1,21 +1,27 @@
 """``canon runs``: recent runs, newest first, from the per-shard run indexes (no SCAN).
 
-Each run with its status (active, closed, or expired: its deadline passed while open),
-its calls by outcome (READY, ERROR, PROJECTING), its budget used out of its total and its
-deadline. ``--limit`` runs per page; the last line gives the ``--cursor`` of the next
-page. Read-only. Exit 0, 2 on usage errors, 3 when Redis is unavailable.
+Each run with its status (active, closed, or expired: its deadline passed while open;
+``paused`` beside it while it is paused, with who paused it, why and since when listed
+under the table), its calls by outcome (READY, ERROR; those not ended split into the
+governed calls waiting for a decision or their resume and those in flight), its budget
+used out of its total and its deadline. ``--limit`` runs per page; the last line gives
+the ``--cursor`` of the next page. Read-only. Exit 0, 2 on usage errors, 3 when Redis is
+unavailable.
 """
 
 from __future__ import annotations
 
 import argparse
+from typing import Any, cast
 
+import msgspec
 from rich.console import Console
 from rich.table import Table
 
 from canon.argtypes import bounded
 from canon.commands.readonly import (
     elsewhere,
+    pause_note,
     print_json,
     read_only_command,
     run_read_only,
@@ -52,27 +58,45 @@ def print_runs(console: Console, page: RunPage, namespace: str, hint: str = "") 
         return
     table = Table(
         title=f"runs of namespace {namespace}, newest first",
-        caption="calls: by status as they ended (PROJ.: in flight); budget: used / total; "
-        "refused: calls turned away before any record",
+        caption="calls: by status as they ended; waiting: governed calls awaiting approval "
+        "(or approved, awaiting their resume); in flight: the rest not ended (dispatching, "
+        "or left by a process that died); budget: used / total; refused: calls turned "
+        "away before any record",
         caption_justify="left",
     )
-    columns = ("run", "status", "opened", "deadline", "READY", "ERROR", "PROJ.", "refused")
+    columns = (
+        "run",
+        "status",
+        "opened",
+        "deadline",
+        "READY",
+        "ERROR",
+        "waiting",
+        "in flight",
+        "refused",
+    )
     for column in (*columns, "budget"):
-        table.add_column(column, no_wrap=True, justify="left" if column[0].islower() else "right")
+        right = column[0].isupper() or column in ("waiting", "in flight", "refused")
+        table.add_column(column, no_wrap=True, justify="right" if right else "left")
     for run in page.runs:
         total = "-" if run.budget_total is None else str(run.budget_total)
         table.add_row(
             run.run_id,
-            run.status,
+            run.status + (" · paused" if run.pause is not None else ""),
             iso_ms(run.opened_at_ms)[:19].replace("T", " "),
             iso_ms(run.deadline_ms)[:19].replace("T", " "),
             str(run.calls.get("READY", 0)),
             str(run.calls.get("ERROR", 0)),
-            str(run.calls.get("PROJECTING", 0)),
+            str(run.awaiting_approval + run.approved),
+            str(run.in_flight),
             str(sum(run.refused.values())),
             f"{run.budget_used}/{total}",
         )
     console.print(table)
+    for run in page.runs:
+        if run.pause is not None:
+            note = pause_note(run.pause.by, run.pause.reason, run.pause.at_ms)
+            console.print(f"paused: {run.run_id}{note}", highlight=False, soft_wrap=True)
     for run in page.runs:
         if run.refused:
             codes = ", ".join(f"{code} {count}" for code, count in sorted(run.refused.items()))
@@ -81,11 +105,19 @@ def print_runs(console: Console, page: RunPage, namespace: str, hint: str = "") 
         console.print(f"older runs: canon runs --cursor {page.cursor}", soft_wrap=True)
 
 
+def runs_document(page: RunPage) -> dict[str, Any]:
+    """A page of runs as ``--json`` prints it: each run with its count in flight too."""
+    document = msgspec.to_builtins(page)
+    for run, shown in zip(page.runs, document["runs"], strict=True):
+        shown["in_flight"] = run.in_flight
+    return cast(dict[str, Any], document)
+
+
 def _handle(args: argparse.Namespace) -> int:
     async def work(store: Store) -> int:
         page = await list_runs(store, limit=args.limit, cursor=args.cursor)
         if args.json:
-            print_json(page)
+            print_json(runs_document(page))
         else:
             # Only a first page can be empty for want of runs; a later one is just the end.
             empty = not page.runs and args.cursor is None

@@ -1,30 +1,36 @@
 """``canon serve``: the receipt HTTP API, optionally with the workers.
 
-Serves the routes of :data:`projections.http.ROUTES` with uvicorn, each GET answering only
+Serves the route tables of :mod:`projections.http_api` with uvicorn, each GET answering only
 for the run named by the request's Bearer token. With ``--with-workers`` the receipt and
 progress workers run in the same process. SIGTERM or SIGINT stops the server and lets the
 workers settle their batches; the process then exits 0. The listening socket is bound
-before anything else runs, so a port in use is one line and exit 2. With an operator token
-(``CANON_OPERATOR_TOKEN`` or ``--operator-token-file``) it also serves the operator
-console at ``/console/`` (:mod:`canon.operator`) and takes an operator's decisions on
-governed calls (the POST routes, under the operator token).
+before anything else runs, so a port in use is one line and exit 2. With operators (an
+operators file, ``CANON_OPERATORS`` or ``--operators-file``; or one operator token,
+``CANON_OPERATOR_TOKEN`` or ``--operator-token-file``) it also serves the operator console
+at ``/console/`` (:mod:`canon.operator_credentials`) and takes operators' decisions on
+governed calls (the POST routes, under an operator's token, recorded as that operator's). With
+``--archive URL`` the console shows a run or call Redis no longer holds from that archive
+(marked archived, read-only) and its search page searches the archive across runs.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import os
 import signal
 import socket
+from collections.abc import AsyncIterator
 from typing import Any
 
 import structlog
 
 from canon.argtypes import port_number
+from canon.command_errors import CommandError, bind_errors
+from canon.commands.readonly import add_archive_arg, archive_url
 from canon.connection import add_connection_args, open_store
-from canon.failures import bind_errors
-from canon.operator import add_console_args, console_app, operator_token
+from canon.operator_credentials import add_console_args, console_app, served_operators
 from canon.service import (
     add_logging_args,
     add_worker_args,
@@ -32,6 +38,8 @@ from canon.service import (
     run_service,
     serving_metrics,
 )
+from projections.archive.database import ArchiveDatabase, archive_at
+from projections.archive.schema import check_schema
 from projections.connections import (
     DEFAULT_HEADER_TIMEOUT_S,
     DEFAULT_IDLE_TIMEOUT_S,
@@ -39,7 +47,7 @@ from projections.connections import (
     ConnectionLimits,
 )
 from projections.console import CONSOLE_ROUTES
-from projections.http import ROUTES, create_app
+from projections.http_api import ROUTES, create_app
 from projections.metrics import Metrics
 from projections.worker.supervisor import ReceiptServer
 
@@ -55,9 +63,10 @@ def register(subparsers: Any) -> None:
         "request's Bearer token (Authorization: Bearer <run token>). Routes: "
         + "; ".join(ROUTES)
         + ". With --with-workers the receipt and progress workers run in the same process. "
-        "With an operator token ($CANON_OPERATOR_TOKEN or --operator-token-file) the POST "
-        "routes take an operator's decisions on governed calls (Authorization: Bearer "
-        "<operator token>; a run's token is refused) and it serves the operator console: "
+        "With operators ($CANON_OPERATORS or --operators-file; or one token, "
+        "$CANON_OPERATOR_TOKEN or --operator-token-file) the POST routes take operators' "
+        "decisions on governed calls (Authorization: Bearer <operator token>, recorded as "
+        "that operator's; a run's token is refused) and it serves the operator console: "
         + "; ".join(CONSOLE_ROUTES)
         + ". SIGTERM or SIGINT stops it gracefully (exit 0).",
     )
@@ -90,6 +99,11 @@ def register(subparsers: Any) -> None:
         "(%(default)s)",
     )
     add_console_args(parser)
+    add_archive_arg(
+        parser,
+        "the console reads a run or call Redis no longer holds from this archive (marked "
+        "archived, read-only), and its search page searches it",
+    )
     parser.add_argument(
         "--secure-cookies",
         action="store_true",
@@ -109,8 +123,13 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 async def _serve(args: argparse.Namespace) -> None:
-    token = operator_token(args, dict(os.environ))  # a bad token file fails before binding
-    args.operator_token = token
+    # A bad operators file or token fails before binding.
+    args.operators = served_operators(args, dict(os.environ))
+    if archive_url(args) is not None and args.operators is None:
+        raise CommandError(
+            "--archive serves the console's archived pages: it needs operators "
+            "(receipts are never served from the archive)"
+        )
     listener = _listen(args.host, args.port)
     try:
         await _serve_on(args, listener)
@@ -118,14 +137,33 @@ async def _serve(args: argparse.Namespace) -> None:
         listener.close()
 
 
+@contextlib.asynccontextmanager
+async def _archive(args: argparse.Namespace) -> AsyncIterator[ArchiveDatabase | None]:
+    """The archive ``--archive`` names, its schema checked, closed at the end; else None."""
+    url = archive_url(args)
+    if url is None:
+        yield None
+        return
+    async with archive_at(url) as database:
+        await check_schema(database)
+        yield database
+
+
 async def _serve_on(args: argparse.Namespace, listener: socket.socket) -> None:
     # Without workers the process only reads: it may run as the reader ACL user.
-    async with open_store(args, embedded=True, read_only=not args.with_workers) as store:
+    async with (
+        open_store(args, embedded=True, read_only=not args.with_workers) as store,
+        _archive(args) as archive,
+    ):
         if args.strict_durability:
             await store.check_durability("strict")
         metrics = Metrics()
         console = console_app(
-            store, args.operator_token, args.host, secure_cookies=args.secure_cookies
+            store,
+            args.operators,
+            args.host,
+            secure_cookies=args.secure_cookies,
+            archive=archive,
         )
         server = ReceiptServer(
             create_app(

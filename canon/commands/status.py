@@ -1,11 +1,14 @@
 """``canon status``: namespace health at a glance.
 
-Records by status, feed entries, consumer-group lag and pending counts, dead letters,
-memory used, the cost settings, and warnings for an eviction policy other than
-``noeviction`` or append-only persistence switched off. A setting the user may not read
-(CONFIG GET is denied to the documented read-only ACL user) is shown ``unknown`` with one
-warning saying why. Exit 0 when it could report, warnings or not (``--strict``: 1 with
-warnings), 2 on usage errors, 3 when Redis is unavailable. Read-only.
+Records by status and by stage (where each stands: awaiting_approval, approved,
+dispatching, attempted, abandoned, ready, error, reconciled), the paused runs (by whom,
+why, since when) and the namespace's pause, feed entries, consumer-group lag and pending
+counts, dead letters, memory used, the cost settings, and warnings for an eviction
+policy other than ``noeviction`` or append-only persistence switched off. A setting the
+user may not read (CONFIG GET is denied to the documented read-only ACL user) is shown
+``unknown`` with one warning saying why. Exit 0 when it could report, warnings or not
+(``--strict``: 1 with warnings), 2 on usage errors, 3 when Redis is unavailable.
+Read-only.
 """
 
 from __future__ import annotations
@@ -17,6 +20,7 @@ from rich.table import Table
 
 from canon.commands.readonly import (
     elsewhere,
+    pause_note,
     print_json,
     read_only_command,
     refuse_cluster,
@@ -42,6 +46,21 @@ def print_status(console: Console, status: NamespaceStatus) -> None:
         records.add_row(name, str(count))
     records.add_row("total", str(status.records))
     console.print(records)
+    if status.records_by_stage:
+        stages = Table(
+            title="records by stage (where each stands beside its status)",
+            title_justify="left",
+        )
+        stages.add_column("stage")
+        stages.add_column("records", justify="right")
+        for name, count in status.records_by_stage.items():
+            stages.add_row(name, str(count))
+        console.print(stages)
+    if status.execution_paused:
+        console.print("[yellow]execution is paused in the whole namespace[/yellow]")
+    for paused in status.paused_runs:
+        note = pause_note(paused.pause.by, paused.pause.reason, paused.pause.at_ms)
+        console.print(f"paused: run {paused.run_id}{note}", highlight=False, soft_wrap=True)
     groups = Table(title="projections (consumer groups)", title_justify="left")
     for name in ("shard", "group", "consumers", "pending", "lag"):
         groups.add_column(name, justify="left" if name == "group" else "right")

@@ -10,6 +10,7 @@ Read-only: never writes, never touches a TTL.
 from __future__ import annotations
 
 import argparse
+import pathlib
 import sys
 from contextlib import ExitStack
 
@@ -21,10 +22,14 @@ from rich.table import Table
 
 from canon.argtypes import positive, scan_cursor
 from canon.commands.readonly import (
+    add_archive_arg,
+    archive_url,
     elsewhere,
+    fail,
     print_json,
     read_only_command,
     refuse_cluster,
+    run_on_archive,
     run_read_only,
     stdout_console,
 )
@@ -32,6 +37,13 @@ from canon.exitcodes import RET_OK, RET_PROBLEM, RET_USAGE
 from eventstore.audit import NamespaceVerifier, VerifyProblem, VerifySummary
 from eventstore.audit.verify import DEFAULT_BATCH
 from eventstore.store import Store
+from projections.archive.anchor import decode_anchor, load_public_key, verify_anchor
+from projections.archive.compare import Mismatch, compare_live
+from projections.archive.database import archive_at
+from projections.archive.retention import DAY_MS, DEFAULT_RETENTION_DAYS
+from projections.archive.schema import check_schema
+from projections.archive.source import ArchiveSource
+from projections.archive.store import Archive
 
 
 def nothing_checked(summary: VerifySummary, cursor: int) -> bool:
@@ -88,8 +100,99 @@ def _print_summary(
         console.print("[green]CLEAN[/green]: every record matches its journal")
 
 
+def _check_anchor(args: argparse.Namespace, console: Console) -> int:
+    """``--anchor FILE``: the archive against a signed checkpoint."""
+    try:
+        anchor = decode_anchor(args.anchor.read_bytes())
+        trusted = load_public_key(args.public_key.read_bytes()) if args.public_key else None
+    except OSError as exc:
+        fail(f"cannot read the checkpoint or key file ({exc.strerror or type(exc).__name__})")
+        return RET_USAGE
+
+    async def work(source: ArchiveSource) -> int:
+        report = await verify_anchor(
+            Archive(source.archive.database, anchor.namespace),
+            anchor,
+            trusted=trusted,
+            retention_ms=args.retention_days * DAY_MS if args.retention_days else None,
+        )
+        if args.json:
+            for problem in report.problems:
+                print_json({"kind": "problem", **msgspec.structs.asdict(problem)})
+            summary = msgspec.structs.asdict(report)
+            summary.pop("problems")
+            print_json({"kind": "anchor", "intact": report.intact, **summary})
+        else:
+            for problem in report.problems:
+                console.print(f"PROBLEM run={escape(problem.run_id)} reason={problem.reason}")
+            who = "the trusted key" if report.trusted_key else f"the key it names ({anchor.key_id})"
+            console.print(
+                f"checkpoint of namespace {anchor.namespace} at {anchor.cutoff_ms}: signature by "
+                f"{who} {'valid' if report.signature_valid else 'INVALID'}, root "
+                f"{'valid' if report.root_valid else 'INVALID'}; {report.runs} run(s), "
+                f"{report.pruned} pruned by retention, {len(report.problems)} problem(s)",
+                highlight=False,
+            )
+            if not report.trusted_key:
+                console.print(
+                    "  (name the signer's public key with --public-key to prove who signed it)",
+                    highlight=False,
+                )
+            console.print(
+                "[green]ARCHIVE INTACT[/green] since the checkpoint"
+                if report.intact
+                else "[red]ARCHIVE CHANGED[/red] since the checkpoint"
+            )
+        return RET_OK if report.intact else RET_PROBLEM
+
+    args.namespace = anchor.namespace
+    return run_on_archive(args, work)
+
+
+def _compare(args: argparse.Namespace, console: Console) -> int:
+    """``--archive URL``: every live run against its archived copy."""
+
+    def on_mismatch(mismatch: Mismatch) -> None:
+        if args.json:
+            print_json({"kind": "problem", **msgspec.structs.asdict(mismatch)})
+        else:
+            console.print(
+                f"PROBLEM {mismatch.invocation_id} run={escape(mismatch.run_id)} "
+                f"call={escape(mismatch.tool_call_id)} reason={mismatch.reason}"
+            )
+
+    async def work(store: Store) -> int:
+        url = archive_url(args)
+        assert url is not None
+        async with archive_at(url) as database:
+            await check_schema(database)
+            found = await compare_live(
+                store, Archive(database, store.keys.namespace), on_mismatch=on_mismatch
+            )
+        if args.json:
+            print_json({"kind": "comparison", **msgspec.structs.asdict(found)})
+        else:
+            console.print(
+                f"{found.runs} live run(s), {found.compared} archived invocation(s) compared, "
+                f"{found.not_archived} not archived yet, {found.mismatches} problem(s)",
+                highlight=False,
+            )
+            console.print(
+                "[green]REDIS MATCHES THE ARCHIVE[/green]"
+                if not found.mismatches
+                else "[red]REDIS DIFFERS FROM THE ARCHIVE[/red]: rewritten after archiving"
+            )
+        return RET_PROBLEM if found.mismatches else RET_OK
+
+    return run_read_only(args, work)
+
+
 def _handle(args: argparse.Namespace) -> int:
     console = stdout_console()
+    if args.anchor is not None:
+        return _check_anchor(args, console)
+    if archive_url(args) is not None:
+        return _compare(args, console)
 
     def on_problem(problem: VerifyProblem) -> None:
         if args.json:
@@ -172,7 +275,10 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
             "without stream, stream without record, key without TTL. Counts invocations "
             "by status. Read-only. Exit 0 clean, 1 problems, stopped early or nothing "
             "checked from --cursor, 2 usage, 3 Redis unavailable. With --json: one JSON "
-            "line per problem, then a summary line."
+            "line per problem, then a summary line. With --archive URL, every live run is "
+            "compared with its archived copy instead (a rewrite of Redis after archiving, "
+            "even a consistent one, shows); with --anchor FILE, the archive is checked "
+            "against a signed checkpoint."
         ),
         handler=_handle,
     )
@@ -191,3 +297,29 @@ def register(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     parser.add_argument("--json", action="store_true", help="JSON Lines on stdout")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_archive_arg(
+        parser,
+        "compare every live run with its archived copy (a rewrite of Redis shows); with "
+        "--anchor, the archive to check",
+    )
+    parser.add_argument(
+        "--anchor",
+        type=pathlib.Path,
+        default=None,
+        metavar="FILE",
+        help="check the archive against this signed checkpoint (canon archive anchor)",
+    )
+    parser.add_argument(
+        "--public-key",
+        type=pathlib.Path,
+        default=None,
+        metavar="FILE",
+        help="with --anchor: the signer's public key (canon archive keygen's FILE.pub)",
+    )
+    parser.add_argument(
+        "--retention-days",
+        type=int,
+        default=DEFAULT_RETENTION_DAYS,
+        help="with --anchor: the archive's retention, so pruned runs are not problems "
+        "(default: %(default)s; 0: none)",
+    )

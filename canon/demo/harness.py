@@ -147,7 +147,10 @@ async def drive(
     ]
     await asyncio.gather(*(play(r, p) for r, p in zip(demo_runs, plans, strict=True)))
     for demo_run in demo_runs:
-        await store.close_run(demo_run.run_id)
+        # A run with a call waiting for approval stays open: a closed run's approved call
+        # never runs (its approval lives as long as the run's authority).
+        if not demo_run.outcomes.get(WAITING):
+            await store.close_run(demo_run.run_id)
     return demo_runs
 
 

@@ -22,10 +22,10 @@ import socket
 
 from rich.console import Console
 
+from canon.command_errors import bind_errors
 from canon.demo.look import Where, print_look, shown_url
 from canon.demo.tools import demo_tools
-from canon.failures import bind_errors
-from canon.operator import operator_token
+from canon.operator_credentials import operator_token
 from eventstore.boundary.contracts import RunContext, reply_status
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.store import Store
@@ -79,7 +79,7 @@ async def keep_serving(
     """Print where to look, then serve the console until SIGINT or SIGTERM."""
     where.kept_running = True
     print_look(console, where)
-    operator_console = OperatorConsole(store, OperatorAuth(token[0]))
+    operator_console = OperatorConsole(store, OperatorAuth(token[0]))  # one operator
     server = ReceiptServer(
         create_app(store, console=operator_console, operator=operator_console.gate)
     )

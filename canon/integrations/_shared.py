@@ -4,13 +4,18 @@ Adapters turn one model turn's tool calls into :class:`~eventstore.ToolEnvelope`
 them with :func:`invoke_all` (or :func:`invoke_all_sync` from threads), and turn each
 reply into the stack's tool-result shape with :func:`reply_content` and
 :func:`is_error`. What the model is told about a tool comes from its
-:class:`~eventstore.ToolSpec` (:func:`tool_schemas`), so a schema is written once.
+:class:`~eventstore.ToolSpec` (:func:`tool_schemas`), so a schema is written once. A
+governed call that meets its run's pause is answered as still waiting
+(:func:`held_by_pause`): a pause holds a call, it never ends it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import importlib
+import json
+import threading
+from collections import OrderedDict
 from collections.abc import Mapping, Sequence
 from types import ModuleType
 from typing import Any, Final, Literal, TypedDict
@@ -25,8 +30,13 @@ from eventstore.boundary.contracts import (
     ToolError,
     ToolSpec,
 )
-from eventstore.boundary.tool_boundary import ToolBoundary
+from eventstore.boundary.tool_boundary import OnDuplicate, ToolBoundary
+from eventstore.reader import InvocationRecord
 from eventstore.sync import SyncBoundary
+from machine.codes import ErrorCode, Stage
+from machine.events import payload_digest
+from machine.limits import Limits
+from machine.requests import InvalidRequest, canonical_request
 
 _encoder = msgspec.json.Encoder()
 
@@ -44,6 +54,63 @@ _NEEDS_SYNC_BOUNDARY: Final = (
     "a synchronous call needs a SyncBoundary (eventstore.SyncBoundary): "
     "an async ToolBoundary belongs to its event loop"
 )
+
+
+#: The limits a call's arguments are made canonical within, to match it to the model's.
+_MATCHING_LIMITS: Final = Limits()
+#: Most turns whose identical calls are being matched at once (see TurnIds).
+_MAX_TURNS: Final = 1024
+
+
+def arguments_digest(arguments: Any) -> str | None:
+    """The digest of a call's canonical request, to match a tool's call to the model's.
+
+    For the stacks that hand a tool its arguments but not the model's id of the call
+    (CrewAI, LlamaIndex): a dict, JSON text (blank: no arguments) or None. None when they
+    are no canonical request (not JSON, too deep or too large): such a call matches none.
+    """
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments) if arguments.strip() else None
+        except ValueError:
+            return None
+    try:
+        request = canonical_request(
+            arguments if arguments is not None else {},
+            max_depth=_MATCHING_LIMITS.json_depth,
+            max_text_bytes=4 * _MATCHING_LIMITS.request_bytes,
+        )
+    except (InvalidRequest, OverflowError):
+        return None
+    return payload_digest(request)
+
+
+class TurnIds:
+    """Hands out the model's ids of one turn's identical calls, one to each call.
+
+    A turn's tools run concurrently (threads or tasks), each asking for the id of the call
+    with its name and arguments; identical calls share those candidates and take one id
+    each, in order. A turn is forgotten once its ids are all taken, so a step the stack
+    replays (after a wait) finds its id again.
+    """
+
+    def __init__(self) -> None:
+        """No turn is being matched yet."""
+        self._lock = threading.Lock()
+        self._left: OrderedDict[tuple[str, ...], list[str]] = OrderedDict()
+
+    def take(self, candidates: Sequence[str]) -> str:
+        """The next id of ``candidates`` (the ids of the turn's identical calls)."""
+        # Keyed by the ids themselves: no stack gives its turns an identity of their own.
+        key = tuple(candidates)
+        with self._lock:
+            left = self._left.pop(key, None) or list(candidates)
+            taken = left.pop(0)
+            if left:
+                self._left[key] = left
+                while len(self._left) > _MAX_TURNS:
+                    self._left.popitem(last=False)
+            return taken
 
 
 def require(module: str, extra: str) -> ModuleType:
@@ -81,13 +148,10 @@ async def invoke_all(
     """Run every call of one turn concurrently; the replies come in the calls' order.
 
     A ``ToolBoundary`` runs them on this loop (its store must belong to it); a
-    ``SyncBoundary`` runs them on its own loop while this one waits without blocking.
+    ``SyncBoundary`` runs them on its own loop while this one waits without blocking. A
+    governed call a pause stopped answers that it still waits (:func:`held_by_pause`).
     """
-    if isinstance(boundary, SyncBoundary):
-        calls = (boundary.ainvoke(ctx, envelope) for envelope in envelopes)
-    else:
-        calls = (boundary.invoke(ctx, envelope) for envelope in envelopes)
-    return list(await asyncio.gather(*calls))
+    return list(await asyncio.gather(*(invoke_awaiting(boundary, ctx, e) for e in envelopes)))
 
 
 def invoke_all_sync(
@@ -102,7 +166,11 @@ def invoke_all_sync(
     """
     if not isinstance(boundary, SyncBoundary):
         raise TypeError(_NEEDS_SYNC_BOUNDARY)
-    return boundary.invoke_all(ctx, envelopes)
+    replies = boundary.invoke_all(ctx, envelopes)
+    return [
+        held_by_pause_sync(boundary, ctx, envelope, reply)
+        for envelope, reply in zip(envelopes, replies, strict=True)
+    ]
 
 
 def is_error(reply: AgentReply) -> bool:
@@ -180,12 +248,12 @@ def tool_schemas(tools: Mapping[str, ToolSpec | ToolSchema]) -> dict[str, ToolSc
     return {name: tool_schema(tool) for name, tool in tools.items()}
 
 
-#: What a second call with a used (run, tool call id) gets: see ``ToolBoundary``; None
-#: leaves the boundary's own choice.
-OnDuplicate = Literal["refuse", "replay"] | None
+#: What a second call with a used (run, tool call id) gets (the boundary's
+#: :data:`~eventstore.boundary.tool_boundary.OnDuplicate`), or None: the boundary's own.
+OnDuplicateOrNone = OnDuplicate | None
 
 
-def with_duplicates(boundary: Boundary, on_duplicate: OnDuplicate) -> Boundary:
+def with_duplicates(boundary: Boundary, on_duplicate: OnDuplicateOrNone) -> Boundary:
     """``boundary`` answering duplicates as ``on_duplicate`` says (None: as it was built).
 
     For stacks whose own resume sends the same calls again (LangGraph): the boundary's
@@ -210,8 +278,10 @@ async def invoke_awaiting(
     (``run_sync``) still reaches the store.
     """
     if isinstance(boundary, SyncBoundary):
-        return await boundary.ainvoke(ctx, envelope)
-    return await boundary.invoke(ctx, envelope)
+        reply = await boundary.ainvoke(ctx, envelope)
+    else:
+        reply = await boundary.invoke(ctx, envelope)
+    return await held_by_pause(boundary, ctx, envelope, reply)
 
 
 def invoke_blocking(boundary: Boundary, ctx: RunContext, envelope: ToolEnvelope) -> AgentReply:
@@ -224,4 +294,141 @@ def invoke_blocking(boundary: Boundary, ctx: RunContext, envelope: ToolEnvelope)
     """
     if not isinstance(boundary, SyncBoundary):
         raise TypeError(_NEEDS_SYNC_BOUNDARY)
-    return boundary.invoke(ctx, envelope)
+    return held_by_pause_sync(boundary, ctx, envelope, boundary.invoke(ctx, envelope))
+
+
+# A pause holds a call, it never ends it. A governed call that was recorded (waiting, or
+# approved) and meets its run's (or the namespace's) pause when it is resumed or re-entered
+# has not run and still runs once after the unpause; the adapters answer it with their
+# framework's "still waiting" shape, as for a call waiting for an operator.
+
+#: The codes a resume or re-entry meets while the run or the whole namespace is paused.
+PAUSED: Final = frozenset({ErrorCode.RUN_PAUSED, ErrorCode.EXECUTION_PAUSED})
+#: The stages of a governed call that has not been dispatched yet.
+_NOT_DISPATCHED: Final = frozenset({Stage.AWAITING_APPROVAL, Stage.APPROVED})
+
+
+def limits_of(boundary: Boundary) -> Limits:
+    """The limits of the boundary's store (what its preflight makes canonical with)."""
+    if isinstance(boundary, SyncBoundary):
+        return boundary.store.limits
+    return boundary.store.settings.limits
+
+
+def is_recorded_request(
+    record: InvocationRecord, tool: str, arguments: Any, limits: Limits
+) -> bool:
+    """Whether ``tool`` with ``arguments`` is the call ``record`` froze (tool and digest).
+
+    ``arguments`` as a framework hands them (a mapping, or JSON text, ``""`` meaning
+    ``{}``), made canonical exactly as the boundary's preflight makes them.
+    """
+    if record.state.tool != tool:
+        return False
+    if isinstance(arguments, str | bytes):
+        arguments = arguments_or_empty(arguments)
+    try:
+        request = canonical_request(
+            arguments, max_depth=limits.json_depth, max_text_bytes=4 * limits.request_bytes
+        )
+    except (InvalidRequest, OverflowError):
+        return False
+    # A run whose payloads are encrypted keys its digests; its record, read through the
+    # keyring, holds the request opened (GCM authenticated it for this call).
+    return payload_digest(request) == record.state.request_sha256 or request == record.request
+
+
+def _paused_governed(boundary: Boundary, envelope: ToolEnvelope, reply: AgentReply) -> bool:
+    """Whether ``reply`` is a pause met by a call of a governed tool, nothing recorded."""
+    if not isinstance(reply, ToolError) or reply.error_code not in PAUSED:
+        return False
+    spec = boundary.tools.get(envelope.tool) if isinstance(envelope.tool, str) else None
+    return spec is not None and spec.governed and reply.invocation_id is None
+
+
+def _waiting(record: InvocationRecord) -> ApprovalPending:
+    """A governed call that has not run, as the reply that says it waits."""
+    state = record.state
+    assert state.approval_id is not None  # only asked of governed records
+    return ApprovalPending(
+        tool_call_id=state.tool_call_id,
+        invocation_id=record.invocation_id,
+        approval_id=state.approval_id,
+    )
+
+
+def _held(
+    boundary: Boundary, envelope: ToolEnvelope, record: InvocationRecord | None
+) -> ApprovalPending | Literal["ran", "other"]:
+    """What a paused call's record says: it waits, it ran already, or it is not this call."""
+    if (
+        record is None
+        or record.state.approval_id is None
+        or not is_recorded_request(record, envelope.tool, envelope.arguments, limits_of(boundary))
+    ):
+        return "other"  # not a governed call of this request: the pause is the answer
+    return _waiting(record) if record.state.stage in _NOT_DISPATCHED else "ran"
+
+
+async def held_by_pause(
+    boundary: Boundary, ctx: RunContext, envelope: ToolEnvelope, reply: AgentReply
+) -> AgentReply:
+    """``reply``, or, for a governed call a pause stopped, that the call still waits.
+
+    The run's (or namespace's) pause is checked before a re-entered call reaches its
+    record, so a governed call that is waiting or approved gets RUN_PAUSED
+    (EXECUTION_PAUSED) for an answer. It has not run and still runs once after the
+    unpause: it is answered :class:`ApprovalPending`, the reply each adapter shows as its
+    framework's "still waiting". A call whose dispatch was taken before the pause
+    answers its recorded outcome (``resume``). Any other reply, or a pause met by a call
+    canon never recorded (a new call refused), is returned unchanged.
+    """
+    if not _paused_governed(boundary, envelope, reply):
+        return reply
+    held = _held(boundary, envelope, await read_record(boundary, ctx.run_id, envelope.tool_call_id))
+    if held == "other":
+        return reply
+    if held == "ran":
+        return await resume_awaiting(boundary, ctx, envelope.tool_call_id)
+    return held
+
+
+def held_by_pause_sync(
+    boundary: Boundary, ctx: RunContext, envelope: ToolEnvelope, reply: AgentReply
+) -> AgentReply:
+    """:func:`held_by_pause` from a thread, through a ``SyncBoundary``."""
+    if not _paused_governed(boundary, envelope, reply) or not isinstance(boundary, SyncBoundary):
+        return reply
+    held = _held(boundary, envelope, boundary.store.get(ctx.run_id, envelope.tool_call_id))
+    if held == "other":
+        return reply
+    if held == "ran":
+        return boundary.resume(ctx, envelope.tool_call_id)
+    return held
+
+
+def still_waiting(reply: AgentReply) -> bool:
+    """Whether a resumed governed call has not run and waits: undecided, or paused.
+
+    For the answers of ``resume``: :class:`ApprovalPending`, or a pause (RUN_PAUSED,
+    EXECUTION_PAUSED) met by an approved call, which runs once after the unpause.
+    """
+    if isinstance(reply, ApprovalPending):
+        return True
+    return isinstance(reply, ToolError) and reply.error_code in PAUSED
+
+
+async def read_record(
+    boundary: Boundary, run_id: str, tool_call_id: str
+) -> InvocationRecord | None:
+    """A call's record, read from this loop (a ``SyncBoundary``'s store from a thread)."""
+    if isinstance(boundary, SyncBoundary):
+        return await asyncio.to_thread(boundary.store.get, run_id, tool_call_id)
+    return await boundary.store.get(run_id, tool_call_id)
+
+
+async def resume_awaiting(boundary: Boundary, ctx: RunContext, tool_call_id: str) -> AgentReply:
+    """``boundary.resume`` from this loop (a ``SyncBoundary``'s from a thread)."""
+    if isinstance(boundary, SyncBoundary):
+        return await asyncio.to_thread(boundary.resume, ctx, tool_call_id)
+    return await boundary.resume(ctx, tool_call_id)

@@ -24,7 +24,9 @@ Claude not to retry it. Once an operator decided, call :func:`tool_results` agai
 same ``Message``: an approved call runs once, with the request canon recorded, and its
 result answers the same ``tool_use_id``; a denied one is APPROVAL_DENIED with
 ``is_error: true``; calling again answers the same, running nothing (with
-``on_duplicate="replay"``, the turn's other calls answer their recorded replies).
+``on_duplicate="replay"``, the turn's other calls answer their recorded replies). A
+pause holds a call: an approved call in a paused run is answered with the pending payload
+again, and runs once when called after the unpause.
 
 :func:`tool_results` takes either boundary (a ``SyncBoundary`` runs the calls on its own
 loop); :func:`tool_results_sync` takes a ``SyncBoundary`` and refuses an async

@@ -23,7 +23,9 @@ operator is an output, ``{"output": {"status": "awaiting_approval", "approval_id
 "message": ...}}`` (not run, not to be retried); once an operator decided, answering the
 same turn again runs an approved call once (its output under the same call) or gives a
 denied one's ``{"error": {"error_code": "APPROVAL_DENIED", ...}}``, running nothing more
-(``on_duplicate="replay"`` answers the turn's other calls from their records).
+(``on_duplicate="replay"`` answers the turn's other calls from their records). A pause
+holds a call: an approved call in a paused run is the pending output again, and runs
+once when the turn is answered after the unpause.
 
 A call without ``args`` is a call without parameters (``{}``). Server-side parts
 (``tool_call``, ``tool_response``, ``executable_code``, ``code_execution_result``) and

@@ -28,7 +28,9 @@ says, the call asks canon again: still waiting, it interrupts again; approved, t
 dispatch runs; denied or expired, the ``ToolMessage`` is the error (``status="error"``).
 Outside a graph, the waiting reply is the ``ToolMessage`` (``{"status":
 "awaiting_approval", ...}``), and calling the tool again later with the same call asks
-canon again. Only canon's operators decide: a resume value never approves anything.
+canon again. Only canon's operators decide: a resume value never approves anything. A
+paused run holds an approved call: it waits (interrupts) again, and runs once after the
+unpause.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from typing import Any, Final
 
 from canon.integrations._shared import (
     Boundary,
-    OnDuplicate,
+    OnDuplicateOrNone,
     ToolSchema,
     invoke_awaiting,
     invoke_blocking,
@@ -233,7 +235,7 @@ class BoundaryTool(BaseTool):
 
     boundary: Boundary
     run_id_key: str = THREAD_ID
-    on_duplicate: OnDuplicate = "replay"
+    on_duplicate: OnDuplicateOrNone = "replay"
 
     def _to_args_and_kwargs(
         self, tool_input: str | dict[str, Any], tool_call_id: str | None
@@ -269,7 +271,7 @@ def as_tools(
     tools: Mapping[str, ToolSpec | ToolSchema],
     *,
     run_id_key: str = THREAD_ID,
-    on_duplicate: OnDuplicate = "replay",
+    on_duplicate: OnDuplicateOrNone = "replay",
 ) -> list[BaseTool]:
     """One LangChain tool per tool, each running through ``boundary``.
 

@@ -24,18 +24,22 @@ different request under a used id is still DUPLICATE_TOOL_CALL.
 Governed tools (a ``ToolSpec`` with ``approval``) wait in LangGraph's own way. A call
 canon records as waiting for an operator interrupts the graph (``interrupt``) with
 ``{"type": "tool_approval", "run_id", "tool_call_id", "approval_id", "name", "args"}``
-(:func:`~canon.integrations.langchain.approval_request`); the node's other calls still
-run and are recorded. The graph is resumed with ``Command(resume=...)``: LangGraph re-runs
-the node, and each call asks canon again. The resume value is never read: canon's
-operators decide (``store.decide``, ``canon approve``), never the graph's caller. Still
+(:func:`~canon.integrations.langchain.approval_request`); the node's other calls run and
+are recorded, or, for one LangGraph cancelled before it started (the node stops at its
+first interrupt), when the graph is resumed: each runs once. The graph is resumed with
+``Command(resume=...)``: LangGraph re-runs the node, and each call asks canon again. The
+resume value is never read: canon's operators decide (``store.decide``, ``canon
+approve``), never the graph's caller. Still
 waiting, the call interrupts again and nothing runs; approved, its one dispatch runs and
 the ``ToolMessage`` carries the result; denied or expired, a ``ToolMessage`` with
-``status="error"`` carries APPROVAL_DENIED or APPROVAL_EXPIRED. A node re-run after
+``status="error"`` carries APPROVAL_DENIED or APPROVAL_EXPIRED. A pause holds a call:
+an approved call of a paused run interrupts again, as one still waiting (never an error
+``ToolMessage``), and runs once on a resume after the unpause. A node re-run after
 that (a restart from the last checkpoint, a second resume, a fork from an earlier
 checkpoint) gets the recorded outcome, and a dispatch a crash cut short answers
 ALREADY_DISPATCHED: the tool never runs twice. When several calls of one node wait, LangGraph shows
 the first interrupt only (a ``ToolNode`` stops at its first raised interrupt);
-``eventstore.approvals.pending_approvals(store)`` lists them all, and one resume asks
+``eventstore.audit.waiting.pending_approvals(store)`` lists them all, and one resume asks
 canon for each.
 
 ``graph.invoke`` runs the node's calls in threads: give a
@@ -48,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from canon.integrations._shared import OnDuplicate, require, with_duplicates
+from canon.integrations._shared import OnDuplicateOrNone, require, with_duplicates
 
 require("langgraph.prebuilt", "langgraph")
 
@@ -97,7 +101,7 @@ class BoundaryToolCalls:
         boundary: Boundary,
         *,
         run_id_key: str = THREAD_ID,
-        on_duplicate: OnDuplicate = "replay",
+        on_duplicate: OnDuplicateOrNone = "replay",
     ) -> None:
         with_duplicates(boundary, on_duplicate)  # an unknown value fails here, not per call
         self.boundary = boundary
@@ -157,7 +161,7 @@ def tool_node(
     tools: Sequence[BaseTool | Callable[..., Any]],
     *,
     run_id_key: str = THREAD_ID,
-    on_duplicate: OnDuplicate = "replay",
+    on_duplicate: OnDuplicateOrNone = "replay",
     **options: Any,
 ) -> ToolNode:
     """A ``ToolNode`` over ``tools`` whose calls all go through ``boundary``.

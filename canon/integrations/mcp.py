@@ -38,7 +38,7 @@ import secrets
 import urllib.parse
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import AsyncExitStack, asynccontextmanager
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any, Final, cast
 
 import msgspec
@@ -55,7 +55,9 @@ from eventstore.boundary.contracts import (
 )
 from eventstore.boundary.tool_boundary import ToolBoundary
 from eventstore.errors import CanonError, InvalidArgument, RunExists
+from eventstore.runs import deadline_ms
 from eventstore.store import Store
+from machine.codes import ErrorCode, Stage
 
 require("mcp", "mcp")
 
@@ -86,8 +88,10 @@ __all__ = [
     "CONSOLE_URL_KEY",
     "FALLBACK_PREFIX",
     "INVOCATION_ID_KEY",
+    "PAUSE_CODES",
     "RUN_ID_KEY",
     "TOOL_CALL_ID_KEY",
+    "HeldByPause",
     "ResultOf",
     "RunOptions",
     "build_server",
@@ -97,6 +101,8 @@ __all__ = [
     "console_base",
     "console_call_url",
     "fallback_call_id",
+    "held_by_pause",
+    "ids_of_call",
     "json_result",
     "pending_meta",
     "serve_tools",
@@ -116,13 +122,23 @@ class RunOptions(msgspec.Struct, frozen=True, kw_only=True):
     """How a server opens the runs it sees, when it is the one that opens them.
 
     Attributes:
-        deadline: how long each run accepts calls, from its first call.
+        deadline: how long each run accepts calls, from its first call: a ``timedelta``
+            or a number of seconds.
         budget: most invocations per run (None: no run budget).
+
+    Raises:
+        InvalidArgument: ``deadline`` is neither (a ``datetime`` is a moment, not a span).
 
     """
 
-    deadline: timedelta = timedelta(hours=1)
+    deadline: timedelta | float = timedelta(hours=1)
     budget: int | None = None
+
+    def __post_init__(self) -> None:
+        """Check the deadline now, not at a run's first call."""
+        if isinstance(self.deadline, datetime):
+            raise InvalidArgument("RunOptions.deadline is a span: a timedelta or seconds")
+        deadline_ms(self.deadline, 0)
 
 
 def call_meta(*, tool_call_id: str | None = None, run_id: str | None = None) -> dict[str, Any]:
@@ -287,6 +303,7 @@ def build_server(
             arguments=params.arguments if params.arguments is not None else {},
         )
         reply = await boundary.invoke(RunContext(call_run_id), envelope)
+        reply = await held_by_pause(boundary.store, call_run_id, reply)
         return _answer(reply, call_run_id, result_of, console_url)
 
     return Server(name, lifespan=connection, on_list_tools=list_tools, on_call_tool=call)
@@ -326,11 +343,32 @@ def call_ids(
 ) -> tuple[str, str]:
     """The (run id, tool call id) of one call: the host's from ``_meta``, else the fallback.
 
-    A ``_meta`` id that is not a string reaches the boundary as ``""`` and is refused
-    there (INVALID_TOOL_CALL_ID or RUN_MISMATCH): an id is never replaced.
+    The rule is :func:`ids_of_call`'s, shared with ``canon mcp-proxy``.
+    """
+    return ids_of_call(
+        meta,
+        connection_id=_connection_id(ctx),
+        request_id=ctx.request_id,
+        default_run_id=default_run_id,
+    )
+
+
+def ids_of_call(
+    meta: Mapping[str, Any] | None,
+    *,
+    connection_id: str,
+    request_id: Any,
+    default_run_id: str | None = None,
+) -> tuple[str, str]:
+    """The one call-id rule of canon's MCP side: (run id, tool call id) of a ``tools/call``.
+
+    The host's ids from ``_meta`` (:data:`RUN_ID_KEY`, :data:`TOOL_CALL_ID_KEY`) are used
+    exactly; without them, ``default_run_id`` (else ``mcp-<connection id>``) and
+    :func:`fallback_call_id`. A ``_meta`` id that is not a string becomes ``""``, which
+    the boundary refuses (INVALID_TOOL_CALL_ID or RUN_MISMATCH): an id is never replaced.
+    Only the host's own tool call id makes a re-issued request the same call.
     """
     meta = meta or {}
-    connection_id = _connection_id(ctx)
     if RUN_ID_KEY in meta:
         run_id = _text(meta[RUN_ID_KEY])
     else:
@@ -338,8 +376,65 @@ def call_ids(
     if TOOL_CALL_ID_KEY in meta:
         tool_call_id = _text(meta[TOOL_CALL_ID_KEY])
     else:
-        tool_call_id = fallback_call_id(connection_id, ctx.request_id)
+        request = request_id if is_request_id_value(request_id) else None
+        tool_call_id = fallback_call_id(connection_id, request)
     return run_id, tool_call_id
+
+
+def is_request_id_value(value: Any) -> bool:
+    """Whether ``value`` is a JSON-RPC id MCP accepts: a string or an integer (not a bool)."""
+    return isinstance(value, str) or (isinstance(value, int) and not isinstance(value, bool))
+
+
+#: The codes of a pause: a governed call refused one of them while it waits is held.
+PAUSE_CODES: Final = frozenset({ErrorCode.RUN_PAUSED, ErrorCode.EXECUTION_PAUSED})
+
+
+class HeldByPause(ApprovalPending, frozen=True, kw_only=True, tag="AWAITING_APPROVAL"):
+    """A governed call that waits (for its decision, or approved) while execution is paused.
+
+    A pause holds a call, never ends it: the host gets the same "still waiting" result as
+    for a call awaiting approval, and sends the same call again once execution resumes.
+    """
+
+    @property
+    def message(self) -> str:
+        """The fixed text a model reads: held by a pause, not run, to be sent again later."""
+        return (
+            f"The tool call (approval {self.approval_id}) is held while tool execution is "
+            "paused and has not run. Do not retry it now: it runs once execution resumes."
+        )
+
+
+async def held_by_pause(store: Store, run_id: str, reply: AgentReply) -> AgentReply:
+    """``reply``, or the "still waiting" answer when a pause refused a governed call's resume.
+
+    A call refused RUN_PAUSED or EXECUTION_PAUSED whose record waits undispatched (for
+    its decision, or approved) is held, not failed: :class:`HeldByPause`. A new call
+    refused by a pause (no record) keeps its error; so does anything else. Only a pause
+    reply costs a read.
+    """
+    if not (
+        isinstance(reply, ToolError)
+        and reply.error_code in PAUSE_CODES
+        and reply.tool_call_id is not None
+    ):
+        return reply
+    try:
+        record = await store.get(run_id, reply.tool_call_id)
+    except CanonError:
+        return reply
+    approval_id = record.state.approval_id if record is not None else None
+    if record is None or approval_id is None:
+        return reply
+    state = record.state
+    if state.stage not in (Stage.AWAITING_APPROVAL, Stage.APPROVED):
+        return reply
+    return HeldByPause(
+        tool_call_id=reply.tool_call_id,
+        invocation_id=record.invocation_id,
+        approval_id=approval_id,
+    )
 
 
 def fallback_call_id(connection_id: str, request_id: str | int | None) -> str:

@@ -26,7 +26,9 @@ tells the model not to retry it. Once an operator decided, call :func:`tool_mess
 once, with the request canon recorded, and its output answers the same ``tool_call_id``;
 a denied one is the ``Error: `` APPROVAL_DENIED text; calling again answers the same,
 running nothing. Build the boundary with ``on_duplicate="replay"`` when the message holds
-other calls too, so that they answer their recorded replies.
+other calls too, so that they answer their recorded replies. A pause holds a call: an
+approved call in a paused run is answered with the pending payload again (not
+``Error: RUN_PAUSED``), and runs once when called after the unpause.
 
 Sync and async: the async functions take either boundary (a ``SyncBoundary`` runs the
 calls on its own loop while this one waits); the ``*_sync`` variants, for the sync

@@ -28,12 +28,15 @@ flow, with canon deciding. Their ``needs_approval`` is canon's: when the tool's 
 wants an approval, the call is recorded in canon, frozen and waiting (asking again for
 the same call answers the same waiting call), and the SDK interrupts the run
 (``result.interruptions``). Operators decide in canon (``store.decide``, the CLI, the
-console). :func:`apply_decisions` then applies canon's decisions to the saved
-``RunState``: approved calls are approved, denied or expired ones rejected with canon's
-denial as the text the model reads, and calls still waiting are left pending (resuming
-interrupts on them again). On resume the SDK runs the approved call's tool, which claims
-canon's one dispatch permit: the tool runs once, with the request canon recorded. The
-SDK's own ``approve`` never dispatches anything by itself: a call canon has not approved
+console). :func:`apply_decisions` then resumes each call in canon and applies the outcome
+to the saved ``RunState``: an approved call runs there, once, with the request canon
+recorded (canon's one dispatch permit), and only then is it approved in the state, so the
+SDK's resume hands the model that recorded result; denied or expired ones are rejected
+with canon's denial as the text the model reads; calls still waiting, undecided or
+approved in a paused run, are left pending (resuming interrupts on them again, and
+applying the decisions after the unpause runs them). A pause holds a call, it never
+ends it: nothing is approved in the SDK's state that canon has not run. The SDK's own
+``approve`` never dispatches anything by itself: a call canon has not approved
 is answered, as its output, that it waits for an operator (not an error), and has not
 run. One canon approval covers one call, so ``approve(..., always_approve=True)`` on a
 governed tool ends the run with a ``UserError``, and a ``needs_approval`` of your own
@@ -55,19 +58,21 @@ the SDK rejects is never run nor recorded.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from canon.integrations._shared import (
     ToolSchema,
     arguments_or_empty,
     flagged_content,
+    held_by_pause,
     require,
+    resume_awaiting,
+    still_waiting,
     tool_schemas,
 )
 from eventstore.boundary.contracts import (
@@ -80,13 +85,10 @@ from eventstore.boundary.contracts import (
     ToolSpec,
 )
 from eventstore.boundary.tool_boundary import ToolBoundary
-from eventstore.decisions import NotAwaitingApproval
 from eventstore.errors import WrongEventLoop
-from eventstore.reader import InvocationRecord
 from eventstore.store import Store
 from eventstore.sync import SyncBoundary, SyncStore
-from eventstore.writer import now_ms
-from machine.codes import ErrorCode, Stage
+from machine.codes import ErrorCode
 from machine.errors import InvalidArgument
 from machine.ids import invocation_id
 
@@ -107,8 +109,9 @@ __all__ = [
 
 #: The outcomes canon records for a governed call that never ran.
 _REFUSED_BY_OPERATORS: Final = frozenset({ErrorCode.APPROVAL_DENIED, ErrorCode.APPROVAL_EXPIRED})
-#: Where a governed call's approval can still expire (its permit not taken).
-_BEFORE_DISPATCH: Final = frozenset({Stage.AWAITING_APPROVAL, Stage.APPROVED})
+#: What canon says of an interrupted call: approve it in the SDK (canon ran it, or its
+#: policy wants no approval), leave it pending, or reject it with canon's error.
+_Verdict = Literal["approve", "pending"] | ToolError
 #: No real call id: the SDK says a tool is approved for it only when it is approved for
 #: every call (``always_approve``).
 _ANY_CALL: Final = "canon: any call of this tool"
@@ -138,14 +141,17 @@ async def _invoke(
 ) -> AgentReply:
     if isinstance(boundary, SyncBoundary):
         # The boundary's own loop runs the call; this loop (Runner.run_sync's) stays free.
-        return await asyncio.to_thread(boundary.invoke, ctx, envelope)
-    try:
-        return await boundary.invoke(ctx, envelope)
-    except WrongEventLoop:
-        raise UserError(
-            "canon: this ToolBoundary's store runs in another event loop (Runner.run_sync "
-            "runs its own): build the tools on a SyncBoundary"
-        ) from None
+        reply = await asyncio.to_thread(boundary.invoke, ctx, envelope)
+    else:
+        try:
+            reply = await boundary.invoke(ctx, envelope)
+        except WrongEventLoop:
+            raise UserError(
+                "canon: this ToolBoundary's store runs in another event loop (Runner.run_sync "
+                "runs its own): build the tools on a SyncBoundary"
+            ) from None
+    # A governed call its run's pause stopped still waits (or answers its one run).
+    return await held_by_pause(boundary, ctx, envelope, reply)
 
 
 def _json_object(arguments: Mapping[str, Any] | str) -> dict[str, Any] | None:
@@ -357,13 +363,14 @@ class AppliedDecisions:
     """What :func:`apply_decisions` did with each interruption of a ``RunState``.
 
     Attributes:
-        approved: canon approved the call (or its policy wants no approval): approved in
-            the state; on resume the tool runs once (or answers its recorded outcome).
+        approved: canon approved the call and ran it once (or its policy wants no
+            approval): approved in the state; on resume the tool's call answers the
+            recorded outcome (a call canon's policy let through runs then).
         rejected: an operator denied it, its approval expired, or canon refused it:
             rejected in the state, with canon's error (``Error: {...}``) as the text the
             model reads.
-        pending: canon still waits for an operator: left as they are (resuming the state
-            interrupts on them again).
+        pending: canon still waits for an operator, or for the unpause of an approved
+            call's run: left as they are (resuming the state interrupts on them again).
         others: interruptions canon does not govern (other tools, your own
             ``needs_approval``): left for you to approve or reject.
 
@@ -387,57 +394,40 @@ def _canon_approval(item: ToolApprovalItem) -> _CanonApproval | None:
     return None
 
 
-def _recorded_verdict(record: InvocationRecord) -> AgentReply | None:
-    """What a governed call's record says: pending, its denial or expiry, or None (go on).
-
-    Reading only: a call waiting past its expiry is for the caller to expire.
-    """
-    state = record.state
-    if state.approval_id is None:  # canon's policy let it run: the tool's call answers
-        return None
-    if state.stage is Stage.AWAITING_APPROVAL:
-        return ApprovalPending(
-            tool_call_id=state.tool_call_id,
-            invocation_id=record.invocation_id,
-            approval_id=state.approval_id,
-        )
-    if state.error_code in _REFUSED_BY_OPERATORS:
-        return ToolError.of(
-            state.error_code,
-            tool_call_id=state.tool_call_id,
-            invocation_id=record.invocation_id,
-        )
-    return None  # approved: the tool's call takes the permit, or answers the outcome
-
-
 async def _verdict(
     store: Store, approval: _CanonApproval, ctx: RunContext, call_id: str, arguments: str
-) -> AgentReply | None:
-    """What canon says of one interrupted call: pending, an error to reject it with, or None.
+) -> _Verdict:
+    """What canon says of one interrupted call, once canon decided and dispatched.
 
-    None approves it in the SDK: its tool's call then gets canon's answer (its one run,
-    or its recorded outcome). Nothing is dispatched here.
+    A governed call canon recorded is resumed through the tool's boundary before the
+    SDK's state is touched: still waiting (undecided, or approved in a paused run), it
+    stays pending; denied, expired or refused, it is rejected with canon's error;
+    approved, it runs here, once, and is approved in the SDK, whose tool's call then
+    answers that recorded outcome. Nothing is approved in the SDK that canon has not run.
     """
     record = await store.get(ctx.run_id, call_id)
     if record is None:
         # Never recorded: the SDK asks no policy of arguments it cannot parse (``""``).
         # Nothing exists to dispatch, so the boundary records the call waiting (or
-        # refuses it, or its policy wants no approval: None).
+        # refuses it, or its policy wants no approval).
         reply = await approval.ask(ctx, call_id, arguments)
         if isinstance(reply, ToolError) and reply.invocation_id is None:
             return reply
-        return reply if isinstance(reply, ApprovalPending) else None
-    state = record.state
-    due = state.approval_expires_at_ms
-    if state.stage in _BEFORE_DISPATCH and due is not None and now_ms() >= due:
-        # Past its expiry, undecided or approved but not dispatched: recorded now (as the
-        # permit would; a decision or a dispatch that came first stays).
-        with contextlib.suppress(NotAwaitingApproval):
-            await store.decisions.expire(ctx.run_id, call_id)
-        record = await store.get(ctx.run_id, call_id)
-        if record is None:
-            return ToolError.of(ErrorCode.RECORD_EXPIRED, tool_call_id=call_id)
-    return _recorded_verdict(record)
+        return "pending" if isinstance(reply, ApprovalPending) else "approve"
+    if record.state.approval_id is None:  # canon's policy let it run: the tool's call answers
+        return "approve"
+    reply = await resume_awaiting(approval.boundary, ctx, call_id)
+    if still_waiting(reply) or (
+        isinstance(reply, ToolError)
+        and reply.error_code is ErrorCode.STORE_UNAVAILABLE
+        and reply.invocation_id is None
+    ):
+        return "pending"  # nothing ran: applying the decisions again later goes on
+    if isinstance(reply, ToolError) and (
+        reply.error_code in _REFUSED_BY_OPERATORS or reply.invocation_id is None
+    ):
+        return reply  # denied, expired, or refused at the resume: it never ran
+    return "approve"  # it ran once, its outcome recorded: the tool's call answers it
 
 
 async def _apply(
@@ -457,11 +447,11 @@ async def _apply(
                 "run=RunContext(...)) (the run given to Runner.run as context=)"
             )
         verdict = await _verdict(store, approval, ctx, call_id, item.arguments or "")
-        if verdict is None:
+        if verdict == "approve":
             # One approval for one call: never always_approve (see _CanonApproval).
             state.approve(item)
             applied.approved.append(item)
-        elif isinstance(verdict, ApprovalPending):
+        elif verdict == "pending":
             applied.pending.append(item)
         else:
             state.reject(item, rejection_message=flagged_content(verdict))
@@ -474,13 +464,15 @@ async def apply_decisions(
 ) -> AppliedDecisions:
     """Apply canon's decisions to an interrupted run's state, before resuming it.
 
-    Each interruption of a governed tool built here is approved (canon approved the
-    call), rejected with canon's error as the model's text (denied, expired, refused), or
-    left pending (no decision yet). A call past its approval's expiry has the expiry
+    Each interruption of a governed tool built here is resumed in canon through the
+    tool's boundary: approved by an operator, the call runs here, once, and is approved
+    in the state (``Runner.run(agent, state)`` then hands the model its recorded
+    result); denied, expired or refused, it is rejected with canon's error as the
+    model's text; undecided, or approved while its run (or the namespace) is paused, it
+    is left pending and nothing runs. A call past its approval's expiry has the expiry
     recorded; a call the SDK interrupted without asking canon (arguments it could not
-    parse) is recorded waiting. Nothing runs here: the approved tool runs once, when
-    ``Runner.run(agent, state)`` resumes. Interruptions of other tools are left alone.
-    Apply again (on the new state) after a resume that stopped on pending calls.
+    parse) is recorded waiting. Interruptions of other tools are left alone. Apply again
+    (on the new state) after a resume that stopped on pending calls.
 
     Args:
         state: ``result.to_state()`` of the interrupted run (or one loaded from JSON).

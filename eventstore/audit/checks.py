@@ -11,6 +11,7 @@ from typing import Final
 
 from eventstore.audit.journal import verify_against_events
 from eventstore.audit.readonly import Snapshot
+from machine.events import payload_digest
 from machine.ids import invocation_id
 
 #: Record and stream get one absolute expiry together; PTTLs read in one step may differ
@@ -47,7 +48,9 @@ def problems_of(snapshot: Snapshot) -> list[str]:
     """
     if not snapshot.exists:
         return []
-    problems = list(verify_against_events(snapshot.fields, snapshot.events))
+    digest_of = snapshot.digest_of or payload_digest
+    problems = list(verify_against_events(snapshot.fields, snapshot.events, digest_of))
+    problems += (f"payload_digest_mismatch:{name}" for name in snapshot.unopened)
     for name, pttl in (("record", snapshot.record_pttl_ms), ("stream", snapshot.stream_pttl_ms)):
         if pttl == -1:
             problems.append(f"key_without_ttl:{name}")

@@ -12,19 +12,20 @@ from __future__ import annotations
 
 import base64
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from typing import Any, Final
 
 import msgspec
 
 from eventstore.audit.checks import problems_of
-from eventstore.audit.readonly import Snapshot, read_snapshot
-from eventstore.audit.replay import run_tool_call_ids
+from eventstore.audit.readonly import Snapshot
+from eventstore.audit.source import AuditSource, source_of
 from eventstore.reader import StoredEvent
 from eventstore.store import Store
 from machine.events import PAYLOAD_FIELDS, stored_document
 from machine.fold import InvocationState
 from machine.ids import invocation_id, is_run_id
+from machine.results import resolve_result
 
 #: Format marker of the export header line.
 EXPORT_FORMAT: Final = "canon.export.v1"
@@ -65,13 +66,22 @@ def _record_line(snapshot: Snapshot, *, with_payloads: bool) -> Line:
         },
         "problems": problems_of(snapshot),
     }
+    if snapshot.archived:
+        line["archived"] = True
     if with_payloads:
         line["payloads"] = {
-            name: encode_payload(fields[name.encode()])
+            name: encode_payload(payload)
             for name in PAYLOAD_FIELDS
-            if name.encode() in fields
+            if (payload := _payload(fields, name)) is not None
         }
     return line
+
+
+def _payload(fields: Mapping[bytes, bytes], name: str) -> bytes | None:
+    """A record's payload as written (a result stored once, as the raw response, resolved)."""
+    if name == "result":
+        return resolve_result(fields.get(b"result"), fields.get(b"raw"))
+    return fields.get(name.encode())
 
 
 def _event_line(inv_id: str, stored: StoredEvent) -> Line:
@@ -92,9 +102,12 @@ def _event_line(inv_id: str, stored: StoredEvent) -> Line:
 
 
 async def export_run(
-    store: Store, run_id: str, *, with_payloads: bool = False
+    store: Store | AuditSource, run_id: str, *, with_payloads: bool = False
 ) -> AsyncIterator[Line]:
     """Yield the export lines of one run (see the module docstring for their order).
+
+    ``store`` is read through Redis, or an :class:`~.source.AuditSource` (an archive):
+    the lines are the same, but that the header and each record say ``archived``.
 
     Raises:
         ValueError: the run id is not a run id (:func:`machine.ids.is_run_id`).
@@ -103,23 +116,30 @@ async def export_run(
     """
     if not is_run_id(run_id):
         raise ValueError("run id must be a safe id")
-    yield {
+    source = source_of(store)
+    header: Line = {
         "kind": "export",
         "format": EXPORT_FORMAT,
-        "namespace": store.keys.namespace,
+        "namespace": source.namespace,
         "run_id": run_id,
         "exported_at_ms": time.time_ns() // 1_000_000,
         "with_payloads": with_payloads,
     }
-    info = await store.run_info(run_id)
+    if source.archived:
+        header["archived"] = True
+    yield header
+    info = await source.run_info(run_id)
     run_line: Line = {"kind": "run", "run_id": run_id, "present": info is not None}
     if info is not None:
         run_line.update(msgspec.to_builtins(info))
         run_line["revoked"] = sorted(info.revoked)
+    erasure = await source.erasure(run_id)
+    if erasure is not None:
+        run_line["erased"] = {"by": erasure.by, "at_ms": erasure.at_ms, "reason": erasure.reason}
     yield run_line
     invocations = events = 0
-    for tool_call_id in await run_tool_call_ids(store, run_id):
-        snapshot = await read_snapshot(store, run_id, tool_call_id)
+    for tool_call_id in await source.tool_call_ids(run_id):
+        snapshot = await source.snapshot(run_id, tool_call_id)
         if not snapshot.exists:
             continue
         invocations += 1

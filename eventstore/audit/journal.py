@@ -22,6 +22,12 @@ reason                           meaning
                                  does not have the SHA-256 and size its event recorded
 ================================ =========================================================
 
+A record marked ``erased_at_ms`` (its run's payloads were erased, :mod:`eventstore.erasure`)
+may lack its payloads: their events still hold the digests, and a payload that is there
+is still checked. A payload encrypted at rest (:mod:`eventstore.sealing`) and read without
+its key is checked by its size only; read through a keyring it is opened first (GCM
+authenticates it) and checked as any other.
+
 ``<v>`` is the 1-based position of the event in its stream: the version it must carry.
 Folding stops at an undecodable event or an illegal transition, and the record is then
 not compared (there is no trustworthy state to compare it with).
@@ -29,18 +35,22 @@ not compared (there is no trustworthy state to compare it with).
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Final
 
 import msgspec
 
 from eventstore.reader import StoredEvent
+from eventstore.sealing import is_sealed, sealed_size_matches
 from machine.events import GENESIS_HASH, PAYLOAD_FIELDS, payload_digest
 from machine.fold import FoldError, InvocationState, fold
 from machine.ids import invocation_id
+from machine.results import resolve_result
 
-#: Record fields the events cannot vouch for (set by the store at creation).
-_UNCHECKED: Final = frozenset({"expires_at_ms"})
+#: Record fields the events cannot vouch for: set by the store at creation, an erasure's
+#: mark (eventstore.erasure), and the lease of a call in flight (who holds it, until
+#: when), renewed without an event.
+_UNCHECKED: Final = frozenset({"expires_at_ms", "erased_at_ms", "lease_version", "lease_until_ms"})
 _NOT_FOLDED: Final = frozenset(PAYLOAD_FIELDS) | _UNCHECKED
 
 
@@ -104,7 +114,10 @@ def _refold(stored_events: Sequence[StoredEvent]) -> tuple[list[str], Invocation
 
 
 def _compare_record(
-    record: Mapping[str, bytes], state: InvocationState, stored_events: Sequence[StoredEvent]
+    record: Mapping[str, bytes],
+    state: InvocationState,
+    stored_events: Sequence[StoredEvent],
+    digest_of: Callable[[bytes], str],
 ) -> list[str]:
     expected = _as_record(state)
     expected["invocation_id"] = invocation_id(state.run_id, state.tool_call_id).encode()
@@ -115,13 +128,23 @@ def _compare_record(
         problems: list[str] = []
     else:
         problems = _tampered_fields(record, expected)
+    erased = "erased_at_ms" in record
     for field, (digest_name, size_name) in PAYLOAD_FIELDS.items():
         digest, size = getattr(state, digest_name), getattr(state, size_name)
         payload = record.get(field)
-        if payload is None or digest is None:
+        if field == "result":
+            # A result stored once, as the raw response, is checked as the result it is.
+            payload = resolve_result(payload, record.get("raw"))
+        if payload is None and erased:
+            sound = True  # erased: the event keeps the digest of the bytes that were there
+        elif payload is not None and digest is not None and is_sealed(payload):
+            # Encrypted at rest, read without the key: only its size can be checked here
+            # (GCM authenticates the bytes whenever a keyring opens them).
+            sound = sealed_size_matches(payload, size)
+        elif payload is None or digest is None:
             sound = payload is None and digest is None
         else:
-            sound = (payload_digest(payload), len(payload)) == (digest, size)
+            sound = (digest_of(payload), len(payload)) == (digest, size)
         if not sound:
             problems.append(f"payload_digest_mismatch:{field}")
     return problems
@@ -149,6 +172,7 @@ def _tampered_fields(record: Mapping[str, bytes], expected: dict[str, bytes]) ->
 def verify_against_events(
     record_fields: Mapping[bytes, bytes] | Mapping[str, str] | Mapping[str, bytes],
     stored_events: Sequence[StoredEvent],
+    digest_of: Callable[[bytes], str] = payload_digest,
 ) -> list[str]:
     """Re-fold an invocation's stored events and list where the record disagrees.
 
@@ -157,16 +181,22 @@ def verify_against_events(
             fields with names decoded.
         stored_events: the invocation's stream in order (:meth:`Reader.events`); read it
             in the same MULTI as the record, or with no writer active, to audit one instant.
+        digest_of: how the run's payload digests are taken (SHA-256; keyed, for payloads
+            encrypted at rest and opened: :meth:`eventstore.reader.Reader.digest_of`).
 
     Returns:
         Problem reasons from the vocabulary in the module docstring, in the order found;
         empty when the record is exactly what its events fold to.
 
     """
-    return verify_fields(_normalized(record_fields), stored_events)
+    return verify_fields(_normalized(record_fields), stored_events, digest_of)
 
 
-def verify_fields(record: Mapping[str, bytes], stored_events: Sequence[StoredEvent]) -> list[str]:
+def verify_fields(
+    record: Mapping[str, bytes],
+    stored_events: Sequence[StoredEvent],
+    digest_of: Callable[[bytes], str] = payload_digest,
+) -> list[str]:
     """:func:`verify_against_events` for a record whose field names are already text."""
     if not stored_events:
         return ["record_without_stream"] if record else []
@@ -174,5 +204,5 @@ def verify_fields(record: Mapping[str, bytes], stored_events: Sequence[StoredEve
         return ["stream_without_record"]
     problems, state = _refold(stored_events)
     if state is not None:
-        problems += _compare_record(record, state, stored_events)
+        problems += _compare_record(record, state, stored_events, digest_of)
     return problems

@@ -18,21 +18,37 @@ import redis.exceptions
 from redis.asyncio.client import Pipeline
 
 from eventstore.errors import InvalidArgument, redis_errors
+from eventstore.keyring import Keyring, KeyringError, UnknownKey
 from eventstore.reader import StoredEvent, stored_events
+from eventstore.sealing import (
+    SEALED_FIELDS,
+    KeyErased,
+    RunSeal,
+    SealBroken,
+    has_sealed,
+    is_sealed,
+)
 from eventstore.store import Store, namespace_keys
-from eventstore.wire.keys import DEFAULT_SHARDS, Keys
+from eventstore.wire.keys import DEFAULT_SHARDS, Keys, registered_call_id, split_identity
+from machine.ids import invocation_id
 
 
 @asynccontextmanager
 async def open_read_only(
-    url: str, *, namespace: str, shards: int | None = None, cluster: bool = False
+    url: str,
+    *,
+    namespace: str,
+    shards: int | None = None,
+    cluster: bool = False,
+    keys: Keyring | None = None,
 ) -> AsyncIterator[Store]:
     """Yield a store on ``url`` that is only read; its shard count comes from the namespace.
 
     ``shards`` is used only when the namespace metadata cannot be read (nothing written
     yet, or ``url`` is one primary of a cluster that does not hold it; None: the default
     count); the key layout is then the current one. With ``cluster``, ``url`` names any
-    node of a Redis Cluster.
+    node of a Redis Cluster. With ``keys`` (a keyring), payloads encrypted at rest are
+    read opened.
 
     Raises:
         InvalidArgument: the namespace or shard count is not acceptable, or the URL is
@@ -47,7 +63,7 @@ async def open_read_only(
     except ValueError as exc:
         raise InvalidArgument(str(exc)) from None
     try:
-        store = Store.from_url(url, namespace=namespace, shards=shards, cluster=cluster)
+        store = Store.from_url(url, namespace=namespace, shards=shards, cluster=cluster, keys=keys)
     except ValueError:
         raise InvalidArgument("invalid Redis URL") from None
     try:
@@ -63,7 +79,9 @@ async def open_read_only(
                 stored = layout = None
         if stored is not None and int(stored) != shards:
             await store.aclose()
-            store = Store.from_url(url, namespace=namespace, shards=int(stored), cluster=cluster)
+            store = Store.from_url(
+                url, namespace=namespace, shards=int(stored), cluster=cluster, keys=keys
+            )
         if stored is not None:
             store.use_keys(namespace_keys(store.keys, layout))
         yield store
@@ -90,6 +108,14 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
     events: list[StoredEvent]
     record_pttl_ms: int
     stream_pttl_ms: int
+    #: Read from an archive (the PTTLs are then -2: Redis holds neither key).
+    archived: bool = False
+    #: Payload fields encrypted at rest that the keyring read them with could not open
+    #: (altered, moved, or a wrong key): judged as not having their digest.
+    unopened: tuple[str, ...] = ()
+    #: How the run's payload digests are taken, for payloads opened with a keyring (its
+    #: digests are keyed by the run's data key); None: SHA-256.
+    digest_of: Any = None
 
     @property
     def exists(self) -> bool:
@@ -119,6 +145,47 @@ def snapshot_of(run_id: str, tool_call_id: str, replies: list[Any]) -> Snapshot:
     )
 
 
+async def opened_snapshot(store: Store, snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with its encrypted payloads opened, when ``store`` has a keyring.
+
+    A payload that does not open is left as stored and named in ``unopened``; a run whose
+    data key is gone (erased, expired) or wrapped by a key the keyring lacks leaves its
+    payloads as stored (checked by size). Without a keyring: ``snapshot`` itself.
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    seals = store.seals
+    if seals is None or not has_sealed(snapshot.fields):
+        return snapshot
+    try:
+        seal = await seals.for_reading(snapshot.run_id)
+    except (KeyErased, UnknownKey, KeyringError):
+        return snapshot
+    return opened_with(seal, snapshot)
+
+
+def opened_with(seal: RunSeal, snapshot: Snapshot) -> Snapshot:
+    """``snapshot`` with its encrypted payloads opened by its run's ``seal``.
+
+    A payload that does not open is left as stored and named in ``unopened``; the
+    snapshot's digests are then taken as ``seal``'s (keyed by the run's data key).
+    """
+    invocation = invocation_id(snapshot.run_id, snapshot.tool_call_id)
+    fields = dict(snapshot.fields)
+    unopened: list[str] = []
+    for name, value in snapshot.fields.items():
+        if is_sealed(value) and name.decode() in SEALED_FIELDS:
+            try:
+                fields[name] = seal.open(name, invocation, value)
+            except SealBroken:
+                unopened.append(name.decode())
+    return msgspec.structs.replace(
+        snapshot, fields=fields, unopened=tuple(unopened), digest_of=seal.digest
+    )
+
+
 async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapshot:
     """Read one invocation atomically (MULTI/EXEC on its shard), so a live write cannot split it.
 
@@ -133,4 +200,27 @@ async def read_snapshot(store: Store, run_id: str, tool_call_id: str) -> Snapsho
     async with redis_errors(), store.client.pipeline(transaction=atomic) as pipe:
         queue_snapshot(pipe, store.keys, run_id, tool_call_id)
         replies = await pipe.execute()
-    return snapshot_of(run_id, tool_call_id, replies)
+    return await opened_snapshot(store, snapshot_of(run_id, tool_call_id, replies))
+
+
+async def run_tool_call_ids(store: Store, run_id: str) -> list[str]:
+    """Return the tool call ids of a run: its registry's invocations, then its progress list.
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    keys = store.keys
+    async with redis_errors(), store.client.pipeline(transaction=False) as pipe:
+        pipe.hgetall(keys.run(run_id))
+        pipe.lrange(keys.progress(run_id), 0, -1)
+        run_fields, progress = await pipe.execute()
+    found: dict[str, None] = {}
+    for name, value in cast(dict[bytes, bytes], run_fields).items():
+        if name.startswith(b"inv:"):
+            found[registered_call_id(value)] = None
+    for entry in cast(list[bytes], progress):
+        owner, call = split_identity(entry.decode("utf-8", "replace"))
+        if owner == run_id:
+            found[call] = None
+    return [call for call in found if keys.accepts_tool_call_id(call)]

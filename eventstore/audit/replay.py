@@ -7,8 +7,6 @@ the state the record holds, and a verdict. It only reads (see :mod:`.readonly`).
 
 from __future__ import annotations
 
-from typing import cast
-
 import msgspec
 
 from eventstore.audit.checks import (
@@ -22,18 +20,23 @@ from eventstore.audit.checks import (
     problems_of,
     record_text,
 )
-from eventstore.audit.readonly import Snapshot, read_snapshot
+from eventstore.audit.readonly import Snapshot
+from eventstore.audit.source import AuditSource, source_of
 from eventstore.audit.timeline import TimelineStep, replay_timeline
-from eventstore.errors import redis_errors
+from eventstore.erasure import ERASED_FIELD, Erasure
 from eventstore.store import Store
-from eventstore.wire.keys import split_identity
+from eventstore.writer import now_ms
 from machine.failure_detail import FailureDetail, decode_failure_detail
 from machine.fold import InvocationState, state_from_record
 from machine.ids import invocation_id, is_run_id, is_tool_call_id
+from machine.phases import phase_of
 
 
-class Verdict(msgspec.Struct, frozen=True, kw_only=True):
+class Verdict(msgspec.Struct, frozen=True, kw_only=True, omit_defaults=True):
     """The replay verdict: each guarantee checked, and whether all of them hold.
+
+    ``payloads_erased`` is encoded only when true (a run that was never erased reads as
+    it always did).
 
     ``record_matches_fold`` and ``payload_digests_match`` are None when they could not be
     judged: the record or the stream is missing, or the journal does not fold.
@@ -45,6 +48,8 @@ class Verdict(msgspec.Struct, frozen=True, kw_only=True):
     payload_digests_match: bool | None
     expiry_set: bool
     intact: bool
+    #: The run's payloads were erased: missing payloads are the erasure, not tampering.
+    payloads_erased: bool = False
 
 
 class InvocationReplay(msgspec.Struct, frozen=True, kw_only=True):
@@ -53,6 +58,10 @@ class InvocationReplay(msgspec.Struct, frozen=True, kw_only=True):
     ``failure_detail`` is the record's harness-only failure detail, decoded (None when
     the record holds none, or holds bytes that are not one: ``failure_detail_bytes``
     then still gives their size). For operators only: never pass it to an agent.
+    ``phase`` is where the call stands beside its status (:class:`machine.phases.Phase`:
+    awaiting_approval, approved, dispatching, attempted, abandoned, ready, error,
+    reconciled), judged when it was read; None when neither the record nor the journal
+    holds a state.
     """
 
     invocation_id: str
@@ -70,6 +79,12 @@ class InvocationReplay(msgspec.Struct, frozen=True, kw_only=True):
     verdict: Verdict
     failure_detail: FailureDetail | None = None
     failure_detail_bytes: int | None = None
+    #: Read from an archive: Redis no longer holds the invocation (its TTL passed).
+    archived: bool = False
+    #: The run's erasure (who, when, why) when its payloads were erased.
+    erasure: Erasure | None = None
+    #: Where the call stands now (machine.phases), beside its status.
+    phase: str | None = None
 
 
 def _record_state(fields: dict[bytes, bytes]) -> InvocationState | None:
@@ -85,8 +100,11 @@ def _judged(problems: list[str], reasons: tuple[str, ...], judged: bool) -> bool
     return True if judged else None
 
 
-def judge(snapshot: Snapshot) -> InvocationReplay:
-    """Replay one snapshot: timeline, folded state, record state, problems and verdict."""
+def judge(snapshot: Snapshot, erasure: Erasure | None = None) -> InvocationReplay:
+    """Replay one snapshot: timeline, folded state, record state, problems and verdict.
+
+    ``erasure`` is the run's tombstone, for a record its erasure emptied.
+    """
     timeline, folded = replay_timeline(snapshot.events)
     problems = problems_of(snapshot)
     judged = (
@@ -96,6 +114,7 @@ def judge(snapshot: Snapshot) -> InvocationReplay:
     )
     expires = snapshot.fields.get(b"expires_at_ms")
     detail = snapshot.fields.get(b"failure_detail")
+    record = _record_state(snapshot.fields)
     return InvocationReplay(
         invocation_id=invocation_id(snapshot.run_id, snapshot.tool_call_id),
         run_id=snapshot.run_id,
@@ -105,7 +124,7 @@ def judge(snapshot: Snapshot) -> InvocationReplay:
         record_pttl_ms=snapshot.record_pttl_ms,
         stream_pttl_ms=snapshot.stream_pttl_ms,
         expires_at_ms=int(expires) if expires is not None and expires.isdigit() else None,
-        record=_record_state(snapshot.fields),
+        record=record,
         folded=folded,
         timeline=timeline,
         problems=problems,
@@ -116,39 +135,38 @@ def judge(snapshot: Snapshot) -> InvocationReplay:
             payload_digests_match=_judged(problems, DIGEST_REASONS, judged),
             expiry_set=not has_reason(problems, TTL_REASONS),
             intact=not problems,
+            payloads_erased=ERASED_FIELD.encode() in snapshot.fields,
         ),
         failure_detail=decode_failure_detail(detail) if detail is not None else None,
         failure_detail_bytes=len(detail) if detail is not None else None,
+        archived=snapshot.archived,
+        erasure=erasure if ERASED_FIELD.encode() in snapshot.fields else None,
+        phase=_phase(record or folded, snapshot.fields),
     )
 
 
-async def run_tool_call_ids(store: Store, run_id: str) -> list[str]:
-    """Return the tool call ids of a run: its registry's invocations, then its progress list.
-
-    Raises:
-        StoreUnavailable: Redis failed or timed out.
-
-    """
-    keys = store.keys
-    async with redis_errors(), store.client.pipeline(transaction=False) as pipe:
-        pipe.hgetall(keys.run(run_id))
-        pipe.lrange(keys.progress(run_id), 0, -1)
-        run_fields, progress = await pipe.execute()
-    found: dict[str, None] = {}
-    for name, value in cast(dict[bytes, bytes], run_fields).items():
-        if name.startswith(b"inv:"):
-            found[value.decode()] = None
-    for entry in cast(list[bytes], progress):
-        owner, call = split_identity(entry.decode("utf-8", "replace"))
-        if owner == run_id:
-            found[call] = None
-    return [call for call in found if keys.accepts_tool_call_id(call)]
+def _phase(state: InvocationState | None, fields: dict[bytes, bytes]) -> str | None:
+    """Where the call stands now, beside its status (None without a state)."""
+    if state is None:
+        return None
+    lease = fields.get(b"lease_until_ms")
+    return phase_of(
+        state.stage,
+        governed=state.approval_id is not None,
+        settled=state.settled_by is not None,
+        lease_until_ms=int(lease) if lease is not None and lease.isdigit() else None,
+        updated_at_ms=state.updated_at_ms,
+        now_ms=now_ms(),
+    ).value
 
 
 async def replay_invocation(
-    store: Store, run_id: str, tool_call_id: str
+    store: Store | AuditSource, run_id: str, tool_call_id: str
 ) -> InvocationReplay | None:
     """Replay one invocation; None when neither its record nor its stream exists.
+
+    ``store`` is read through Redis, or an :class:`~.source.AuditSource` (an archive)
+    is read: the replay is the same.
 
     Also None for a tool call id the namespace's key layout cannot hold (one with ``:`` in
     a namespace of the legacy layout): no such invocation can exist there.
@@ -160,13 +178,17 @@ async def replay_invocation(
     """
     if not (is_run_id(run_id) and is_tool_call_id(tool_call_id)):
         raise ValueError("run id and tool call id must be safe ids")
-    if not store.keys.accepts_tool_call_id(tool_call_id):
+    if isinstance(store, Store) and not store.keys.accepts_tool_call_id(tool_call_id):
         return None
-    snapshot = await read_snapshot(store, run_id, tool_call_id)
-    return judge(snapshot) if snapshot.exists else None
+    source = source_of(store)
+    snapshot = await source.snapshot(run_id, tool_call_id)
+    if not snapshot.exists:
+        return None
+    erasure = await source.erasure(run_id) if ERASED_FIELD.encode() in snapshot.fields else None
+    return judge(snapshot, erasure)
 
 
-async def replay_run(store: Store, run_id: str) -> list[InvocationReplay]:
+async def replay_run(store: Store | AuditSource, run_id: str) -> list[InvocationReplay]:
     """Replay every invocation the run knows of that still exists, oldest first.
 
     Raises:
@@ -177,7 +199,7 @@ async def replay_run(store: Store, run_id: str) -> list[InvocationReplay]:
     if not is_run_id(run_id):
         raise ValueError("run id must be a safe id")
     replays = []
-    for tool_call_id in await run_tool_call_ids(store, run_id):
+    for tool_call_id in await source_of(store).tool_call_ids(run_id):
         replay = await replay_invocation(store, run_id, tool_call_id)
         if replay is not None:
             replays.append(replay)

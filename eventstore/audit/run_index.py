@@ -20,17 +20,21 @@ from typing import Final, Literal, cast
 
 import msgspec
 
-from eventstore.audit.run_calls import CallRow, run_calls
+from eventstore.audit.run_calls import CallRow, left_in_flight, run_calls
 from eventstore.errors import InvalidArgument, redis_errors
 from eventstore.runs import (
+    APPROVED_FIELD,
     AWAITING_FIELD,
     FAILED_PREFIX,
     FAILURES_COUNTED,
     USED_PREFIX,
+    RunPause,
+    pause_of,
     prefixed_counts,
     refused_counts,
 )
 from eventstore.store import Store
+from eventstore.wire.keys import registered_call_id
 from eventstore.writer import now_ms
 from machine.codes import Status
 from machine.ids import is_run_id
@@ -41,15 +45,27 @@ MAX_LIMIT: Final = 500
 MAX_EXAMINED: Final = 2000
 RunStatus = Literal["active", "closed", "expired"]
 #: What a run filter's ``status`` may ask for: a call ended ERROR, a call was refused, a
-#: call is still in flight, a governed call waits for a decision, or the run's own status.
+#: call is still in flight, a governed call waits for a decision, a call was left in
+#: flight by a process that died (attempted or abandoned), the run is paused, or the
+#: run's own status.
 RunsShown = Literal[
-    "errors", "refusals", "in_flight", "awaiting_approval", "active", "closed", "expired"
+    "errors",
+    "refusals",
+    "in_flight",
+    "awaiting_approval",
+    "attempted",
+    "paused",
+    "active",
+    "closed",
+    "expired",
 ]
 RUNS_SHOWN: Final[tuple[RunsShown, ...]] = (
     "errors",
     "refusals",
     "in_flight",
     "awaiting_approval",
+    "attempted",
+    "paused",
     "active",
     "closed",
     "expired",
@@ -66,7 +82,8 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
         opened_at_ms: when it was opened.
         deadline_ms: its deadline.
         expires_at_ms: when its registry entry (and its last record) expires.
-        calls: calls by status as they ended (READY, ERROR; PROJECTING: still in flight).
+        calls: calls by status as they ended (READY, ERROR; PROJECTING: not ended, which
+            counts the governed calls waiting, ``awaiting_approval`` and ``approved``).
         budget_used: invocations it created.
         budget_total: its run budget, None for none.
         refused: calls turned away before any record existed, counted per error code.
@@ -88,6 +105,16 @@ class RunSummary(msgspec.Struct, frozen=True, kw_only=True):
     tools: dict[str, int] = msgspec.field(default_factory=dict)
     #: Governed calls waiting for an operator's decision.
     awaiting_approval: int = 0
+    #: Governed calls approved and not dispatched yet (waiting for their resume).
+    approved: int = 0
+    #: Who paused the run, why and since when (None while it is not paused).
+    pause: RunPause | None = None
+
+    @property
+    def in_flight(self) -> int:
+        """Calls that have not ended and do not wait for a decision or a resume."""
+        waiting = self.awaiting_approval + self.approved
+        return max(self.calls.get(Status.PROJECTING.value, 0) - waiting, 0)
 
 
 class RunPage(msgspec.Struct, frozen=True, kw_only=True):
@@ -108,7 +135,9 @@ class RunFilter(msgspec.Struct, frozen=True, kw_only=True):
     Attributes:
         status: ``errors`` (a call ended ERROR), ``refusals`` (a call was refused),
             ``in_flight`` (a call is still PROJECTING), ``awaiting_approval`` (a governed
-            call waits for a decision) or the run's own status.
+            call waits for a decision), ``attempted`` (a call was left in flight by a
+            process that died: its calls are read to tell), ``paused`` (the run is
+            paused) or the run's own status.
         tool: the run created an invocation of this tool.
         code: a call of the run failed, or was refused, with this error code.
         search: the run id, or one of its tool call ids, starts with this text.
@@ -135,6 +164,10 @@ class RunFilter(msgspec.Struct, frozen=True, kw_only=True):
         if status == "in_flight" and not run.calls.get(Status.PROJECTING.value):
             return False
         if status == "awaiting_approval" and not run.awaiting_approval:
+            return False
+        if status == "attempted" and not run.in_flight:
+            return False  # and then only if a call's lease lapsed (list_runs reads them)
+        if status == "paused" and run.pause is None:
             return False
         if status in ("active", "closed", "expired") and run.status != status:
             return False
@@ -263,9 +296,10 @@ async def _summaries(
     for (_, run_id), raw in zip(entries, hashes, strict=True):
         fields = {name.decode(): value for name, value in raw.items()}
         call_ids = [
-            call.decode()
-            for name, call in raw.items()
-            if name.startswith(b"inv:") and keys.accepts_tool_call_id(call.decode())
+            call
+            for name, entry in raw.items()
+            if name.startswith(b"inv:")
+            and keys.accepts_tool_call_id(call := registered_call_id(entry))
         ]
         if FAILURES_COUNTED not in fields:
             uncounted.extend((run_id, call) for call in call_ids)
@@ -299,6 +333,9 @@ async def _summaries(
             failed=prefixed_counts(fields, FAILED_PREFIX),
             tools=prefixed_counts(fields, USED_PREFIX),
             awaiting_approval=int(fields.get(AWAITING_FIELD, b"0")),
+            # A call approved before runs counted them is counted out only: never below 0.
+            approved=max(int(fields.get(APPROVED_FIELD, b"0")), 0),
+            pause=pause_of(fields),
         )
         found.append((summary, call_ids))
     return found
@@ -344,6 +381,11 @@ async def list_runs(
         examined += len(batch)
         for found in await _summaries(store, batch, at_ms):
             if found is not None and (where is None or where.keeps(*found)):
+                if where is not None and where.status == "attempted":
+                    # Which calls' processes are gone is read from the calls themselves.
+                    rows = await run_calls(store, found[0].run_id)
+                    if not any(left_in_flight(row, at_ms) for row in rows):
+                        continue
                 runs.append(found[0])
         if not batch:
             return RunPage(runs=runs, cursor=None, examined=examined)
@@ -352,6 +394,32 @@ async def list_runs(
             return RunPage(
                 runs=runs, cursor=format_cursor(*after) if more else None, examined=examined
             )
+
+
+async def paused_runs(store: Store, *, examine: int = 200) -> list[tuple[str, RunPause]]:
+    """The paused runs among the latest ``examine`` runs, newest first, with their pause.
+
+    Reads the run index and each run's hash only (``ZREVRANGEBYSCORE``, ``ZCOUNT``,
+    ``HGETALL``): what a reader ACL user may run.
+
+    Raises:
+        InvalidArgument: ``examine`` is not between 1 and :data:`MAX_EXAMINED`.
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    if not 1 <= examine <= MAX_EXAMINED:
+        raise InvalidArgument(f"examine must be between 1 and {MAX_EXAMINED}")
+    entries = (await _candidates(store, examine, None))[:examine]
+    async with redis_errors(), store.client.pipeline(transaction=False) as pipe:
+        for _, run_id in entries:
+            pipe.hgetall(store.keys.run(run_id))
+        hashes = cast(list[dict[bytes, bytes]], await pipe.execute())
+    found = []
+    for (_, run_id), raw in zip(entries, hashes, strict=True):
+        pause = pause_of({name.decode(): value for name, value in raw.items()})
+        if pause is not None:
+            found.append((run_id, pause))
+    return found
 
 
 async def search_calls(

@@ -1,11 +1,15 @@
 """Namespace health at a glance: records by status, feeds, consumer lag, dead letters, memory.
 
-Everything is read: SCAN + HGET for the status counts, XLEN and XINFO GROUPS per shard
-feed, XLEN per dead-letter stream, INFO memory and INFO persistence for the settings this
-store relies on (``noeviction``; append-only persistence; CONFIG GET when INFO lacks them)
-and CONFIG GET for the cost settings. When CONFIG GET is refused (the documented read-only
-ACL user may not run it, see docs/acl.md) those settings are ``unknown`` and one warning
-says why; the report is still made.
+Records are counted by status and by stage (:mod:`machine.phases`: where a call stands,
+a governed call waiting, a call left by a process that died ...); the paused runs among
+the latest ones are listed with who paused them, why and since when, and the namespace's
+own pause is said. Everything is read: SCAN + HMGET for the counts, the run index (a
+bounded page) for the paused runs, XLEN and XINFO GROUPS per shard feed, XLEN per dead-
+letter stream, INFO memory and INFO persistence for the settings this store relies on
+(``noeviction``; append-only persistence; CONFIG GET when INFO lacks them) and CONFIG
+GET for the cost settings. When CONFIG GET is refused (the documented read-only ACL user
+may not run it, see docs/acl.md) those settings are ``unknown`` and one warning says
+why; the report is still made.
 """
 
 from __future__ import annotations
@@ -16,8 +20,10 @@ from typing import Any, Final, cast
 import msgspec
 import redis.exceptions
 
+from eventstore.audit.run_index import paused_runs
 from eventstore.errors import redis_errors
-from eventstore.server.settings import (
+from eventstore.runs import RunPause
+from eventstore.server.config_checks import (
     COST_SETTINGS,
     REFUSED_UNANSWERED,
     cost_settings,
@@ -27,10 +33,24 @@ from eventstore.server.settings import (
 )
 from eventstore.store import Store
 from eventstore.wire.replies import reply_text
+from eventstore.writer import now_ms
+from machine.codes import Stage
+from machine.phases import phase_of
 
 #: Most feed entries read to estimate a group's lag on servers without XINFO ``lag`` (6.2).
 LAG_SCAN_CAP: Final = 10_000
 SCAN_BATCH: Final = 500
+#: How many of the latest runs are looked at for the paused ones.
+PAUSED_RUNS_EXAMINED: Final = 200
+#: The record fields a count by status and stage reads.
+_COUNTED: Final = (
+    "status",
+    "stage",
+    "approval_id",
+    "settled_by",
+    "lease_until_ms",
+    "updated_at_ms",
+)
 
 
 class GroupLag(msgspec.Struct, frozen=True, kw_only=True):
@@ -48,11 +68,21 @@ class GroupLag(msgspec.Struct, frozen=True, kw_only=True):
     lag_capped: bool = False
 
 
+class PausedRun(msgspec.Struct, frozen=True, kw_only=True):
+    """A paused run: who paused it, why and since when."""
+
+    run_id: str
+    pause: RunPause
+
+
 class NamespaceStatus(msgspec.Struct, frozen=True, kw_only=True):
     """Health figures of one namespace and the server under it.
 
     ``server_settings`` holds the cost settings of :data:`COST_SETTINGS` by their 7.x
-    names, each ``unknown`` when it could not be read.
+    names, each ``unknown`` when it could not be read. ``records_by_stage`` counts the
+    records by where they stand (:class:`machine.phases.Phase`), ``paused_runs`` the
+    paused runs among the latest :data:`PAUSED_RUNS_EXAMINED`, and ``execution_paused``
+    says whether the whole namespace is paused.
     """
 
     namespace: str
@@ -67,6 +97,9 @@ class NamespaceStatus(msgspec.Struct, frozen=True, kw_only=True):
     appendonly: str
     server_settings: dict[str, str] = msgspec.field(default_factory=dict)
     warnings: list[str]
+    records_by_stage: dict[str, int] = msgspec.field(default_factory=dict)
+    paused_runs: list[PausedRun] = msgspec.field(default_factory=list)
+    execution_paused: bool = False
 
 
 def _shown(value: object) -> str:
@@ -85,8 +118,28 @@ async def _config(store: Store, name: str) -> str:
     return "unknown"
 
 
-async def _records_by_status(store: Store) -> Counter[str]:
+def _stage_of(values: list[bytes | None], at_ms: int) -> str:
+    """A record's phase from its :data:`_COUNTED` fields (its stage as stored if unknown)."""
+    _, stage, approval, settled, lease, updated = values
+    shown = _shown(stage) if stage is not None else "?"
+    try:
+        known = Stage(shown)
+    except ValueError:
+        return shown
+    return phase_of(
+        known,
+        governed=approval is not None,
+        settled=settled is not None,
+        lease_until_ms=int(lease) if lease is not None and lease.isdigit() else None,
+        updated_at_ms=int(updated) if updated is not None and updated.isdigit() else None,
+        now_ms=at_ms,
+    ).value
+
+
+async def _records_by_status(store: Store) -> tuple[Counter[str], Counter[str]]:
     counts: Counter[str] = Counter()
+    stages: Counter[str] = Counter()
+    at_ms = now_ms()
     cursor = 0
     while True:
         cursor, found = await store.client.scan(
@@ -102,11 +155,14 @@ async def _records_by_status(store: Store) -> Counter[str]:
         if records:
             async with store.client.pipeline(transaction=False) as pipe:
                 for key in records:
-                    pipe.hget(key, "status")
-                statuses = await pipe.execute()
-            counts.update(_shown(status) for status in statuses if status is not None)
+                    pipe.hmget(key, list(_COUNTED))
+                rows = cast(list[list[bytes | None]], await pipe.execute())
+            for values in rows:
+                if values[0] is not None:
+                    counts[_shown(values[0])] += 1
+                    stages[_stage_of(values, at_ms)] += 1
         if int(cursor) == 0:
-            return counts
+            return counts, stages
 
 
 async def _groups(store: Store, shard: int) -> list[GroupLag]:
@@ -167,7 +223,9 @@ async def namespace_status(store: Store) -> NamespaceStatus:
     """
     keys = store.keys
     async with redis_errors():
-        by_status = await _records_by_status(store)
+        by_status, by_stage = await _records_by_status(store)
+        paused = await paused_runs(store, examine=PAUSED_RUNS_EXAMINED)
+        namespace_paused = await store.client.hget(keys.control(0), "paused") == b"1"
         async with store.client.pipeline(transaction=False) as pipe:
             for shard in range(keys.shards):
                 pipe.xlen(keys.feed(shard))
@@ -208,6 +266,9 @@ async def namespace_status(store: Store) -> NamespaceStatus:
         appendonly=appendonly,
         server_settings=settings,
         warnings=[],
+        records_by_stage=dict(sorted(by_stage.items())),
+        paused_runs=[PausedRun(run_id=run_id, pause=pause) for run_id, pause in paused],
+        execution_paused=namespace_paused,
     )
     # The eviction warning of health_warnings already covers maxmemory-policy.
     extra = [w for w in cost_warnings if not w.startswith("maxmemory-policy is")]

@@ -19,7 +19,13 @@ from typing import Any, Final, cast
 import msgspec
 
 from eventstore.audit.checks import problems_of
-from eventstore.audit.readonly import Snapshot, queue_snapshot, read_snapshot, snapshot_of
+from eventstore.audit.readonly import (
+    Snapshot,
+    opened_snapshot,
+    queue_snapshot,
+    read_snapshot,
+    snapshot_of,
+)
 from eventstore.errors import redis_errors
 from eventstore.store import Store
 from machine.ids import invocation_id
@@ -143,7 +149,9 @@ class NamespaceVerifier:
                 queue_snapshot(pipe, keys, *ids)
             replies: list[Any] = await pipe.execute()
         for index, (ids, from_record) in enumerate(wanted.items()):
-            snapshot = snapshot_of(*ids, replies[4 * index : 4 * index + 4])
+            snapshot = await opened_snapshot(
+                self._store, snapshot_of(*ids, replies[4 * index : 4 * index + 4])
+            )
             # A stream whose record exists is checked when the record key comes up.
             if snapshot.fields and not from_record:
                 continue

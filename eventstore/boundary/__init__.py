@@ -18,6 +18,8 @@ from eventstore.boundary.contracts import (
     Executor,
     Projection,
     Projector,
+    Reconcile,
+    Reconciliation,
     RunContext,
     ToolCall,
     ToolEnvelope,
@@ -27,6 +29,7 @@ from eventstore.boundary.contracts import (
     reply_status,
     reply_to_builtins,
 )
+from eventstore.boundary.reconciling import ReconciledCall, ReconcileReport
 from eventstore.boundary.tool_boundary import ToolBoundary
 
 __all__ = [
@@ -37,6 +40,10 @@ __all__ = [
     "Executor",
     "Projection",
     "Projector",
+    "Reconcile",
+    "ReconcileReport",
+    "ReconciledCall",
+    "Reconciliation",
     "RunContext",
     "ToolBoundary",
     "ToolCall",

@@ -1,9 +1,9 @@
 """The harness-facing types: run context, envelope, tool spec, projection and replies.
 
-Executors, projectors, error texts and approval policies are plug-ins; their contracts
-are the Protocols here. An executor or a projector may be a plain or an async callable;
-an error text (:class:`ErrorResult`) and an approval policy (:class:`ApprovalPolicy`)
-are plain ones.
+Executors, projectors, error texts, approval policies and reconcile hooks are plug-ins;
+their contracts are the Protocols here. An executor, a projector or a reconcile hook
+(:class:`Reconcile`) may be a plain or an async callable; an error text
+(:class:`ErrorResult`) and an approval policy (:class:`ApprovalPolicy`) are plain ones.
 """
 
 from __future__ import annotations
@@ -15,13 +15,47 @@ from typing import Any, Final, Literal, Protocol
 import msgspec
 
 from machine.codes import SAFE_MESSAGES, ErrorCode, EvidenceStatus
+from machine.errors import InvalidArgument
+from machine.governance import RUN_IDENTITY_PREFIX
 from machine.limits import LimitHit
+
+#: Longest requester identity a run context may name (characters), as an approver's.
+MAX_REQUESTER_CHARS: Final = 200
 
 
 class RunContext(msgspec.Struct, frozen=True):
-    """The harness's explicit knowledge of which run is executing."""
+    """The harness's explicit knowledge of which run is executing, and for whom.
+
+    Attributes:
+        run_id: the run.
+        requester: the identity on whose behalf the run calls its tools (a user the
+            harness authenticated), frozen in each governed call it makes; that identity
+            may never approve the call. None: the run's own identity (``run:<run id>``).
+
+    """
 
     run_id: str
+    requester: str | None = None
+
+    def __post_init__(self) -> None:
+        """Check the requester: printable text of 1 to 200 characters, never ``run:...``.
+
+        Raises:
+            InvalidArgument: it is not.
+
+        """
+        requester = self.requester
+        if requester is not None and not (
+            isinstance(requester, str)
+            and requester.strip()
+            and requester.isprintable()
+            and len(requester) <= MAX_REQUESTER_CHARS
+            and not requester.startswith(RUN_IDENTITY_PREFIX)
+        ):
+            raise InvalidArgument(
+                f"requester must be printable text of 1 to {MAX_REQUESTER_CHARS} characters "
+                f"not starting with {RUN_IDENTITY_PREFIX!r}"
+            )
 
 
 class ToolEnvelope(msgspec.Struct, frozen=True, kw_only=True):
@@ -110,6 +144,66 @@ class ApprovalPolicy(Protocol):
 
 #: How long a governed call waits for a decision by default (never past its record's TTL).
 DEFAULT_APPROVAL_TIMEOUT: Final = timedelta(hours=24)
+#: How long a reconcile hook may take by default before its call is left as it is.
+DEFAULT_RECONCILE_TIMEOUT_S: Final = 30.0
+#: Longest evidence text a settlement keeps (characters).
+MAX_EVIDENCE_CHARS: Final = 2000
+#: What a reconcile hook found: the call ran, it did not, or it cannot tell.
+ReconcileOutcome = Literal["executed", "not_executed", "unknown"]
+
+
+class Reconciliation(msgspec.Struct, frozen=True, kw_only=True):
+    """What a tool's reconcile hook learned of an attempted call from the business system.
+
+    Build one with :meth:`executed`, :meth:`not_executed` or :meth:`unknown`.
+
+    Attributes:
+        outcome: ``executed`` (the call ran: ``raw`` is its raw response, projected as
+            the executor's would have been), ``not_executed`` (it did not run: the call
+            ends ERROR RECONCILED_NOT_EXECUTED and is never run again by itself) or
+            ``unknown`` (it cannot tell: the call stays attempted, for a later reconcile
+            or an operator).
+        raw: the raw response of a call that ran, as the executor would have returned it.
+        evidence: what the answer rests on (a payment id, "no refund with this key"):
+            printable text of at most 2,000 characters, scrubbed of secrets and kept
+            beside the settlement, its digest in the call's journal.
+
+    """
+
+    outcome: ReconcileOutcome
+    raw: Any = None
+    evidence: str = ""
+
+    @classmethod
+    def executed(cls, raw: Any, evidence: str = "") -> Reconciliation:
+        """The call ran; ``raw`` is its raw response (projected as usual)."""
+        return cls(outcome="executed", raw=raw, evidence=evidence)
+
+    @classmethod
+    def not_executed(cls, evidence: str = "") -> Reconciliation:
+        """The call did not run: it ends RECONCILED_NOT_EXECUTED, never run again by itself."""
+        return cls(outcome="not_executed", evidence=evidence)
+
+    @classmethod
+    def unknown(cls, evidence: str = "") -> Reconciliation:
+        """The business system cannot tell yet: the call stays attempted."""
+        return cls(outcome="unknown", evidence=evidence)
+
+
+class Reconcile(Protocol):
+    """Asks the business system what happened to an attempted call (a tool's hook).
+
+    Called by a reconcile (``ToolBoundary.reconcile``, ``canon reconcile``) for a call
+    whose process died after its dispatch, with the call's frozen request (decoded) and
+    its ids, within ``ToolSpec.reconcile_timeout_s``. It must only read: look the
+    operation up (by ``call.invocation_id``, an idempotency key the executor passed on,
+    ...), never perform it. A hook that raises or times out leaves the call as it is.
+    """
+
+    def __call__(
+        self, arguments: dict[str, Any], call: ToolCall, /
+    ) -> Reconciliation | Awaitable[Reconciliation]:
+        """Return what was found."""
 
 
 class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,6 +241,13 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
             request; False (default), no call may run.
         approval_timeout: how long a governed call waits for a decision before it ends
             ERROR with APPROVAL_EXPIRED (default 24 hours; never past the record's TTL).
+        approvals_required: how many distinct operators must approve a governed call
+            before it may run (1 to 10; default 1). None of them may be the identity that
+            requested it (``RunContext.requester``); a denial by any one ends it.
+        reconcile: for a side-effecting tool: how to learn what happened to a call whose
+            process died after its dispatch (:class:`Reconcile`); None (default): an
+            operator settles such a call.
+        reconcile_timeout_s: how long the hook may take (default 30 seconds).
 
     """
 
@@ -162,6 +263,9 @@ class ToolSpec(msgspec.Struct, frozen=True, kw_only=True):
     error_result: ErrorResult | None = None
     approval: bool | ApprovalPolicy = False
     approval_timeout: timedelta = DEFAULT_APPROVAL_TIMEOUT
+    approvals_required: int = 1
+    reconcile: Reconcile | None = None
+    reconcile_timeout_s: float = DEFAULT_RECONCILE_TIMEOUT_S
 
     @property
     def governed(self) -> bool:

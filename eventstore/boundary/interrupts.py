@@ -15,7 +15,9 @@ The write that was in flight when the call was cut short may or may not have lan
   that exists is always found and closed, and never one of another caller;
 - a later event: ``Failed`` is written after the last acknowledged head; if that event
   landed meanwhile (``VERSION_CONFLICT``), the record's own version and hash are read and
-  ``Failed`` follows them, unless the record is already READY or ERROR.
+  ``Failed`` follows them, unless the record is already READY or ERROR;
+- a ``ProjectingStarted`` written ahead of its answer (the projector was running): its
+  answer is read first, and ``Failed`` follows it if it landed, the head before it if not.
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Final
 
 from eventstore.errors import CanonError, Refused
 from eventstore.reader import Reader
-from eventstore.writer import Head, Writer, head_of
+from eventstore.writer import Head, Pending, Writer, head_of
 from machine.codes import ErrorCode, Status
 from machine.events import Preflighted
 
@@ -45,7 +47,7 @@ async def close_interrupted(
     writer: Writer,
     reader: Reader,
     *,
-    head: Head | None,
+    head: Head | Pending | None,
     creation: tuple[Preflighted, bytes] | None = None,
 ) -> Head | None:
     """Write ``Failed`` (CALLER_CANCELLED) for a call that was cut short.
@@ -53,7 +55,8 @@ async def close_interrupted(
     Args:
         writer: the store's writer.
         reader: the store's reader, for a record that moved past ``head``.
-        head: the last head the call was told about, or None if its creation was in flight.
+        head: the last head the call was told about, or None if its creation was in flight,
+            or the event written ahead of its answer (whose answer decides).
         creation: the call's ``Preflighted`` event and request, when ``head`` is None.
 
     Returns:
@@ -64,6 +67,8 @@ async def close_interrupted(
         CanonError: the store refused or failed the write (the caller logs it).
 
     """
+    if isinstance(head, Pending):
+        head = await _answered(writer, head)
     if head is None:
         if creation is None:
             return None
@@ -91,6 +96,23 @@ async def close_interrupted(
     return await writer.fail(head_of(record.state, record.expires_at_ms), INTERRUPTED_CODE)
 
 
+async def _answered(writer: Writer, pending: Pending) -> Head:
+    """The head after ``pending``'s event if it landed, else the head before it."""
+    if pending.sent is not None:
+        try:
+            return await writer.answer(pending)
+        except Refused:
+            return pending.before
+    return pending.committed or pending.before
+
+
+def taken(pending: Pending) -> Pending:
+    """A copy of ``pending`` that alone may read its answer (``pending`` no longer can)."""
+    copy = Pending(pending.before, pending.head, pending.sent, pending.committed)
+    pending.sent = None
+    return copy
+
+
 #: Told the Failed head of a closed call (None: nothing to close), or the error type
 #: that kept it from being closed.
 Report = Callable[[Head | None, str | None], None]
@@ -116,7 +138,7 @@ class Interruptions:
 
     async def close(
         self,
-        head: Head | None,
+        head: Head | Pending | None,
         creation: tuple[Preflighted, bytes] | None,
         report: Report,
     ) -> None:
@@ -125,6 +147,8 @@ class Interruptions:
         A second cancellation of the caller ends the wait for the closing, never the
         closing itself.
         """
+        if isinstance(head, Pending):
+            head = taken(head)  # its answer is the closing's to read
         closing = asyncio.ensure_future(self._close(head, creation, report))
         self._running.add(closing)
         closing.add_done_callback(self._running.discard)
@@ -133,8 +157,23 @@ class Interruptions:
         except asyncio.CancelledError:
             return  # cancelled again: the closing goes on; the caller re-raises its own
 
+    async def settle(self, pending: Pending) -> None:
+        """Read the answer of ``pending``'s event when nothing will follow it; never raises.
+
+        For a call that ended, by a failure of the boundary's own, between writing the
+        event and its outcome: the connection it holds goes back, whatever the answer.
+        """
+        try:
+            async with asyncio.timeout(self._timeout_s):
+                await self._writer.answer(pending)
+        except (CanonError, TimeoutError):
+            return
+
     async def _close(
-        self, head: Head | None, creation: tuple[Preflighted, bytes] | None, report: Report
+        self,
+        head: Head | Pending | None,
+        creation: tuple[Preflighted, bytes] | None,
+        report: Report,
     ) -> None:
         try:
             async with asyncio.timeout(self._timeout_s):

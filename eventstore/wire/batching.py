@@ -25,7 +25,19 @@ lane's end is retrieved when it finishes.
 
 Ordering: a pipeline carries its calls in the order they were made. Pipelines of
 different lanes may run in either order: harmless, because two events of one invocation
-are never in flight together (each append awaits the previous one).
+are in flight together only as a :class:`Sent` pair, on one connection.
+
+Two ordered calls of one invocation (the raw response, then the outcome) may share one
+wait: :meth:`ScriptBatcher.send` writes the first at once and answers nothing, and
+:meth:`Sent.then` writes the second behind it on the same connection (Redis runs a
+connection's commands in order) and waits for both answers together. While nothing else
+is in flight the first is written from its caller's own task, on a kept connection, as
+a lone call is, and is in the kernel's hands when ``send`` returns: Redis runs it even if
+this process dies next. When it cannot be written out whole at once (no pipe, the
+connection lost, a payload larger than the socket's buffer, a script this batcher has
+not yet seen the server run: NOSCRIPT would hold it back until the pair is re-sent) or
+other calls are in flight (it then goes with them, through the lanes), it is answered
+before anything follows it.
 
 NOSCRIPT (a restarted server, ``SCRIPT FLUSH``) is answered by loading the script and
 re-sending only the commands that were refused: a refused EVALSHA did not run, so the
@@ -55,13 +67,23 @@ from typing import Any, Final, Protocol, cast
 from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from eventstore.errors import InvalidArgument
 from eventstore.logs import get_logger
 from eventstore.wire.deadlines import Deadlines
-from eventstore.wire.exchange import BatchStats, Call, pack_evalsha, send_batch
-from eventstore.wire.pipe import release_pipe
+from eventstore.wire.exchange import (
+    BatchStats,
+    Call,
+    pack_evalsha,
+    reloaded,
+    retried,
+    send_batch,
+    timed_out,
+)
+from eventstore.wire.pipe import pipe_for, release_pipe
 
 log = get_logger("canon.batching")
 
@@ -166,6 +188,9 @@ class ScriptBatcher:
         self._keep = max(0, min(max_lanes, pool_size - max_lanes))
         self._limit_s: float | None = None
         self._limit: Deadlines | None = None
+        # Scripts this batcher has seen the server run: a first call written ahead of its
+        # answer must not meet NOSCRIPT (it would run only once the pair is re-sent).
+        self._loaded: set[str] = set()
         self.stats = BatchStats()
 
     @property
@@ -193,7 +218,9 @@ class ScriptBatcher:
                 ended its pipeline (after redis-py's retries).
 
         """
-        self.stats.calls += 1
+        stats = self.stats
+        stats.calls += 1
+        stats.waits += 1
         if not self._enabled:
             return await script(keys=keys, args=args)
         loop = asyncio.get_running_loop()
@@ -209,6 +236,67 @@ class ScriptBatcher:
             self._flush_scheduled = True
             loop.call_soon(self._flush)
         return await _answer(future)
+
+    async def send(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> Sent:
+        """Write ``script``'s call now; its answer comes with the next call's (:meth:`Sent.then`).
+
+        For the first of two ordered calls of one invocation: see the module doc for when
+        it is written out at once (nothing else in flight) and when it is answered here,
+        before the caller goes on. Either way the caller must end the pair with
+        :meth:`Sent.then` or :meth:`Sent.answer`.
+
+        Raises:
+            redis.exceptions.RedisError: the call was answered here and failed (its own
+                error reply, or the connection's after the client's retries).
+
+        """
+        self.stats.calls += 1
+        if not self._enabled:
+            self.stats.waits += 1
+            return Sent(self, None, replies=[await script(keys=keys, args=args)])
+        loop = asyncio.get_running_loop()
+        packed_args = (len(keys), *keys, *args)
+        call = Call(
+            script, packed_args, pack_evalsha(script.sha, packed_args), loop.create_future()
+        )
+        if self._lanes or self._flush_scheduled or _cancel_pending(loop):
+            # Others in flight: it goes with them, and what follows it waits for its answer.
+            self._queue.append(call)
+            if not self._flush_scheduled:
+                self._flush_scheduled = True
+                loop.call_soon(self._flush)
+            return Sent(self, call)
+        self._lanes += 1  # held as a lone call is: calls made meanwhile go to lanes
+        try:
+            connection = self._idle.pop() if self._idle else await self._connection()
+        except BaseException:
+            self._lanes -= 1
+            self._flush_if_waiting()
+            raise
+        self._connected += 1
+        sent = Sent(self, call, connection)
+        pipe = pipe_for(connection) if script.sha in self._loaded else None
+        if pipe is not None:
+            try:
+                call.future = pipe.send([call.packed])
+            except RedisConnectionError:
+                pass  # lost while it was kept: answered below, on a fresh connection
+            else:
+                sent._written = True
+                self.stats.round_trips += 1
+                if pipe.flushed():
+                    return sent
+        # Not in the kernel's hands yet, or a script the server may not hold: answered
+        # before the caller goes on.
+        try:
+            await sent.settle_first()
+        except BaseException:
+            await sent.release()
+            raise
+        self._loaded.add(script.sha)
+        return sent
 
     async def drain(self) -> None:
         """Wait until every call already made has been answered."""
@@ -422,6 +510,268 @@ def _cancel_pending(loop: asyncio.AbstractEventLoop) -> bool:
     """Whether the running task of ``loop`` has a cancellation requested."""
     task = asyncio.current_task(loop)
     return task is not None and task.cancelling() > 0
+
+
+class SentCall(Protocol):
+    """A script call written ahead of its answer (:class:`Sent`, or a cluster's)."""
+
+    async def then(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> tuple[Any, Any]:
+        """Send the call that follows it; both replies, in order."""
+        ...
+
+    async def answer(self) -> Any:
+        """Its reply alone, when no call follows it."""
+        ...
+
+
+class ScriptCalls(Protocol):
+    """What the store's scripts ask of a batcher: one server's or a cluster's.
+
+    :class:`ScriptBatcher` (and :class:`~eventstore.wire.replication.ReplicaAcknowledgedCalls`)
+    and :class:`~eventstore.wire.cluster_batching.ClusterScriptBatcher` both keep it.
+    """
+
+    stats: BatchStats
+
+    async def call(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> Any:
+        """Run ``script``, coalesced with the calls made meanwhile; its reply."""
+        ...
+
+    async def send(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> SentCall:
+        """Write ``script``'s call now, to be answered with the call that follows it."""
+        ...
+
+    async def drain(self) -> None:
+        """Wait until every call already made has been answered."""
+        ...
+
+    async def close(self) -> None:
+        """Answer every call already made, then give back the connections it keeps."""
+        ...
+
+
+class Sent:
+    """The first of two ordered script calls of one invocation, written ahead of its answer.
+
+    Made by :meth:`ScriptBatcher.send`; ended by :meth:`then` (the call that follows it,
+    both answered together) or :meth:`answer` (its answer alone). Until then it may hold
+    one of the batcher's connections, as a lone call in flight does.
+    """
+
+    __slots__ = ("_batcher", "_call", "_connection", "_ended", "_replies", "_written")
+
+    def __init__(
+        self,
+        batcher: ScriptBatcher,
+        call: Call | None,
+        connection: Connection | None = None,
+        *,
+        replies: list[Any] | None = None,
+    ) -> None:
+        self._batcher = batcher
+        self._call = call
+        self._connection = connection
+        # Its replies once read; until then, on a held connection, call.future is the
+        # pipe's exchange (written) or the caller's own (not written yet).
+        self._replies = replies
+        self._written = False  # set by ScriptBatcher.send once the pipe took the call
+        self._ended = False
+
+    async def then(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> tuple[Any, Any]:
+        """Send the call that follows this one; return both replies, in order.
+
+        On a held connection the second is written behind the first and both answers are
+        waited for together, within the batcher's time limit; a connection error or a
+        timeout sends whatever is unanswered again, in order, as the client's ``Retry``
+        says (the store's scripts are idempotent by event id), and NOSCRIPT reloads and
+        re-sends the refused calls in order. Otherwise the first's answer is waited for
+        and the second goes as any call does (:meth:`ScriptBatcher.call`).
+
+        Raises:
+            redis.exceptions.RedisError: an error reply (the first's before the second's),
+                or the connection's after the retries.
+
+        """
+        self._end()
+        batcher = self._batcher
+        if self._connection is None:  # queued with others, or not batched
+            if self._replies is None:
+                assert self._call is not None
+                if not self._call.future.done():
+                    batcher.stats.waits += 1
+                first = await _answer(self._call.future)
+            else:
+                first = _reply(self._replies)
+            return first, await batcher.call(script, keys, args)
+        loop = asyncio.get_running_loop()
+        packed_args = (len(keys), *keys, *args)
+        second = Call(
+            script, packed_args, pack_evalsha(script.sha, packed_args), loop.create_future()
+        )
+        replies = await self._ordered(second)
+        return _reply(replies[:1]), _reply(replies[1:])
+
+    async def answer(self) -> Any:
+        """Wait for this call's reply alone, when no call will follow it.
+
+        Raises:
+            redis.exceptions.RedisError: its error reply, or the connection's after the
+                client's retries.
+
+        """
+        self._end()
+        if self._connection is not None:
+            try:
+                await self.settle_first()
+            finally:
+                await self.release()
+        elif self._replies is None:
+            assert self._call is not None
+            self._batcher.stats.waits += 1
+            return await _answer(self._call.future)
+        assert self._replies is not None
+        return _reply(self._replies)
+
+    def _end(self) -> None:
+        if self._ended:
+            raise RuntimeError("a sent call is followed or answered once")
+        self._ended = True
+
+    async def settle_first(self) -> None:
+        """Read (or send, if it was not written) the first call's reply on the held connection."""
+        call, connection = self._call, self._connection
+        assert call is not None and connection is not None
+        if self._replies is not None:
+            return
+        batcher = self._batcher
+        stats, limit = batcher.stats, batcher._limit
+        stats.waits += 1
+        try:
+            if not self._written:
+                replies = await send_batch([call], connection, limit, stats)
+            else:
+                try:
+                    replies = await _within(call.future, limit, connection)
+                except Exception as exc:  # the Retry decides what is retried
+                    _forget(call.future)
+                    replies = await retried(exc, connection, [call.packed], limit, stats)
+                if any(isinstance(reply, NoScriptError) for reply in replies):
+                    replies = await reloaded([call], replies, connection, limit, stats)
+        except BaseException:
+            await connection.disconnect(nowait=True)  # replies may still be due: never reused
+            if self._written:
+                _forget(call.future)
+            raise
+        self._replies = replies
+
+    async def _ordered(self, second: Call) -> list[Any]:
+        """Both replies: the second written behind the first on the held connection."""
+        first, connection = self._call, self._connection
+        assert first is not None and connection is not None
+        batcher = self._batcher
+        stats, limit = batcher.stats, batcher._limit
+        stats.calls += 1
+        stats.waits += 1
+        stats.round_trips += 1
+        try:
+            if _cancel_pending(asyncio.get_running_loop()):
+                await asyncio.sleep(0)  # a cancellation requested arrives before the second
+            try:
+                if self._replies is not None:  # answered already: the second goes alone
+                    replies = [
+                        *self._replies,
+                        *await send_batch([second], connection, limit, stats, reload=False),
+                    ]
+                else:
+                    pipe = pipe_for(connection)
+                    if pipe is None:
+                        raise RedisConnectionError("Connection closed by server.")
+                    later = pipe.send([second.packed])
+                    done = await _within(later, limit, connection)
+                    replies = [*first.future.result(), *done]
+            except Exception as exc:  # the Retry decides what is retried, in order
+                answered = self._replies if self._replies is not None else _settled(first.future)
+                unanswered = [second] if answered is not None else [first, second]
+                again = await retried(exc, connection, [c.packed for c in unanswered], limit, stats)
+                replies = [*(answered or []), *again]
+            if any(isinstance(reply, NoScriptError) for reply in replies):
+                replies = await reloaded([first, second], replies, connection, limit, stats)
+        except BaseException:
+            await connection.disconnect(nowait=True)  # replies may still be due: never reused
+            if self._written:
+                _forget(first.future)
+            raise
+        finally:
+            await self.release()
+        return replies
+
+    async def release(self) -> None:
+        """Give the held connection back to the batcher (kept, or to the pool)."""
+        connection, self._connection = self._connection, None
+        if connection is None:
+            return
+        batcher = self._batcher
+        batcher._lanes -= 1
+        batcher._connected -= 1
+        batcher._flush_if_waiting()
+        if not batcher._kept(connection):
+            await batcher._release(connection)
+
+
+async def _within(
+    future: asyncio.Future[list[Any]], limit: Deadlines | None, connection: Connection
+) -> list[Any]:
+    """Await an exchange's replies within ``limit``; past it, drop the connection."""
+    if limit is None:
+        return await future
+    try:
+        return await limit.run(future)
+    except TimeoutError:
+        raise await timed_out(connection) from None
+
+
+def _settled(future: asyncio.Future[list[Any]] | None) -> list[Any] | None:
+    """The replies of an exchange that was answered, else None (its error retrieved)."""
+    if future is None:
+        return None
+    _forget(future)
+    if not future.done() or future.cancelled() or future.exception() is not None:
+        return None
+    return future.result()
+
+
+def _forget(future: asyncio.Future[Any] | None) -> None:
+    """Retrieve the error of a failed exchange, now or when it comes.
+
+    A dropped connection fails its exchanges a turn later: nothing is left unretrieved.
+    """
+    if future is None:
+        return
+    if future.done():
+        _retrieve(future)
+    else:
+        future.add_done_callback(_retrieve)
+
+
+def _retrieve(future: asyncio.Future[Any]) -> None:
+    if not future.cancelled():
+        future.exception()
+
+
+def _reply(replies: list[Any]) -> Any:
+    """The one reply of ``replies``; an error reply raised."""
+    (reply,) = replies
+    if isinstance(reply, Exception):
+        raise reply
+    return reply
 
 
 async def _answer(future: asyncio.Future[Any]) -> Any:

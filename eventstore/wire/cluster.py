@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from typing import Any, Final, cast
+from typing import Any, Final, Self, cast
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from redis._parsers import AsyncCommandsParser
@@ -54,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
-from eventstore.errors import InvalidArgument
+from eventstore.errors import InvalidArgument, NotACluster
 from eventstore.logs import get_logger
 from eventstore.wire.batching import DEFAULT_MAX_LANES
 
@@ -99,6 +99,26 @@ class ClusterClient(RedisCluster):
 
     def __repr__(self) -> str:
         return f"<ClusterClient commands_retried={self.commands_retried}>"
+
+    async def initialize(self, *args: Any, **kwargs: Any) -> Self:
+        """Load the slot table; a server that is no cluster node is said so, in one line.
+
+        Raises:
+            NotACluster: the node given answers that its cluster support is disabled.
+            ClusterError: no node could be reached or agreed (redis-py's client-side
+                ``RedisClusterException``, which is not a Redis error, re-raised as one so
+                the store translates it; the connection error stays its cause).
+
+        """
+        # Named before: a first load that fails closes the startup nodes.
+        nodes = ", ".join(self.nodes_manager.startup_nodes) or "the node given"
+        try:
+            await super().initialize(*args, **kwargs)
+        except RedisClusterException as exc:
+            if _cluster_disabled(exc):
+                raise NotACluster(nodes) from None
+            raise ClusterError(type(exc).__name__) from exc
+        return self
 
     async def execute_command(self, *args: EncodableT, **kwargs: Any) -> Any:
         """Run one command, retrying for a bounded time while its slot is migrating.
@@ -155,6 +175,21 @@ class ClusterClient(RedisCluster):
         # redis-py's stubs mark ClusterPipeline abstract (its own pipeline() builds one
         # exactly like this); nothing abstract is left at run time.
         return _BoundedPipeline(self, transaction)  # type: ignore[abstract]
+
+
+def _cluster_disabled(exc: BaseException) -> bool:
+    """Tell whether a failed slot-table load met a server without cluster support.
+
+    redis-py turns the server's ``ERR This instance has cluster support disabled`` into a
+    ``RedisClusterException`` of its own, the cause of the one it raises.
+    """
+    seen: BaseException | None = exc
+    while seen is not None:
+        text = str(seen)
+        if "Cluster mode is not enabled" in text or "cluster support disabled" in text:
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
 
 
 class _CommandTable(AsyncCommandsParser):

@@ -63,7 +63,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT, KeyT
 
 from eventstore.logs import get_logger
-from eventstore.wire.batching import DEFAULT_MAX_LANES, LoadSizing, ScriptBatcher
+from eventstore.wire.batching import DEFAULT_MAX_LANES, LoadSizing, ScriptBatcher, Sent
 from eventstore.wire.exchange import BatchStats, pack_evalsha
 
 log = get_logger("canon.cluster_batching")
@@ -170,6 +170,28 @@ class ClusterScriptBatcher:
             return await self._batcher_of(node).call(script, keys, args)
         except _RESENT as exc:
             return await self._resend(exc, slot, script, keys, args)
+
+    async def send(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> ClusterSent:
+        """Write ``script``'s call on its slot's primary now; see :meth:`ScriptBatcher.send`.
+
+        Raises:
+            redis.exceptions.RedisError: the call was answered here and failed past its
+                redirects and retries.
+
+        """
+        cluster = self._cluster
+        if cluster._initialize:
+            await cluster.initialize()
+        args = tuple(args)
+        slot = cluster.keyslot(keys[0])
+        first = (script, keys, args)
+        try:
+            node = cluster.nodes_manager.get_node_from_slot(slot)
+            return ClusterSent(self, slot, first, await self._batcher_of(node).send(*first))
+        except _RESENT as exc:
+            return ClusterSent(self, slot, first, None, await self._resend(exc, slot, *first))
 
     async def drain(self) -> None:
         """Wait until every call already made has been answered."""
@@ -291,6 +313,51 @@ class ClusterScriptBatcher:
             raise
         finally:
             node.release(connection)
+
+
+class ClusterSent:
+    """A call written ahead of its answer on one node (:class:`~eventstore.wire.batching.Sent`).
+
+    A redirect or a connection error of the pair sends the first again (alone, as
+    :meth:`ClusterScriptBatcher.call` would), then the second: still in order.
+    """
+
+    __slots__ = ("_batcher", "_first", "_reply", "_sent", "_slot")
+
+    def __init__(
+        self,
+        batcher: ClusterScriptBatcher,
+        slot: int,
+        first: tuple[AsyncScript, Sequence[KeyT], tuple[EncodableT, ...]],
+        sent: Sent | None,
+        reply: Any = None,
+    ) -> None:
+        self._batcher = batcher
+        self._slot = slot
+        self._first = first
+        self._sent = sent
+        self._reply = reply  # when sent is None: the first's reply, answered already
+
+    async def then(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> tuple[Any, Any]:
+        """Send the call that follows; both replies, in order (see :meth:`Sent.then`)."""
+        batcher = self._batcher
+        if self._sent is not None:
+            try:
+                return await self._sent.then(script, keys, args)
+            except _RESENT as exc:
+                self._reply = await batcher._resend(exc, self._slot, *self._first)
+        return self._reply, await batcher.call(script, keys, args)
+
+    async def answer(self) -> Any:
+        """The first call's reply alone (see :meth:`Sent.answer`)."""
+        if self._sent is not None:
+            try:
+                return await self._sent.answer()
+            except _RESENT as exc:
+                return await self._batcher._resend(exc, self._slot, *self._first)
+        return self._reply
 
 
 async def _read_slots_again(cluster: RedisCluster) -> Exception | None:

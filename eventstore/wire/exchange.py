@@ -7,16 +7,22 @@ connection; here they are sent: EVALSHA commands packed by hiredis in C, one exc
 replies in place of their call's reply, NOSCRIPT answered by loading the script and
 re-sending only the refused calls, and connection errors and timeouts retried with the
 client's ``Retry`` as redis-py retries a pipeline.
+
+:func:`read_many` sends a wide read the same way (a run's thousands of ``HMGET``): through
+a redis-py pipeline each reply costs its own timer and parser call, several times what
+Redis spends on it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, cast
 
 import hiredis
+from redis.asyncio import Redis
 from redis.asyncio.connection import Connection
 from redis.commands.core import AsyncScript
 from redis.exceptions import DataError, NoScriptError, ResponseError
@@ -24,7 +30,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from redis.typing import EncodableT
 
 from eventstore.wire.deadlines import Deadlines
-from eventstore.wire.pipe import pipe_for
+from eventstore.wire.pipe import pipe_for, release_pipe
 from eventstore.wire.replies import reply_text
 
 
@@ -40,6 +46,9 @@ class BatchStats:
         largest_batch: the most calls one round trip carried.
         redirects: calls sent again after MOVED, ASK, TRYAGAIN or a connection error, on
             a cluster (:mod:`eventstore.wire.cluster_batching`).
+        waits: times a caller waited for Redis's answer: one per call sent alone or in a
+            pipeline, one per pair of ordered calls (:class:`~eventstore.wire.batching.Sent`),
+            whose first is written without waiting. The round trips a lone agent feels.
 
     """
 
@@ -49,6 +58,7 @@ class BatchStats:
     reloads: int = 0
     largest_batch: int = 0
     redirects: int = 0
+    waits: int = 0
 
 
 @dataclass(slots=True)
@@ -104,10 +114,10 @@ async def exchange(
     try:
         return await limit.run(replies)
     except TimeoutError:
-        raise await _timed_out(connection) from None
+        raise await timed_out(connection) from None
 
 
-async def _timed_out(connection: Connection) -> RedisTimeoutError:
+async def timed_out(connection: Connection) -> RedisTimeoutError:
     """Drop ``connection`` after a timeout; the error to raise for it.
 
     As redis-py does for its own timeouts: the connection is dropped (its replies are out
@@ -160,17 +170,17 @@ async def send_batch(
             try:
                 replies = await limit.run(pipe.send(packed))
             except TimeoutError:
-                raise await _timed_out(connection) from None
+                raise await timed_out(connection) from None
     except Exception as exc:  # the Retry decides what is retried
-        replies = await _retried(exc, connection, packed, limit, stats)
+        replies = await retried(exc, connection, packed, limit, stats)
     if reload:
         for reply in replies:
             if isinstance(reply, NoScriptError):
-                return await _reloaded(batch, replies, connection, limit, stats)
+                return await reloaded(batch, replies, connection, limit, stats)
     return replies  # the usual case: every script was known
 
 
-async def _retried(
+async def retried(
     failure: Exception,
     connection: Connection,
     packed: list[bytes],
@@ -200,7 +210,7 @@ async def _retried(
     return replies
 
 
-async def _reloaded(
+async def reloaded(
     batch: list[Call],
     replies: list[Any],
     connection: Connection,
@@ -224,4 +234,44 @@ async def _reloaded(
     resent = await send_batch(again, connection, limit, stats, reload=False)
     for i, reply in zip(refused, resent, strict=True):
         replies[i] = reply
+    return replies
+
+
+async def read_many(
+    client: Redis, commands: Sequence[tuple[EncodableT, ...]], timeout_s: float
+) -> list[Any]:
+    """Send read-only ``commands`` on one pooled connection in one exchange; their replies.
+
+    Packed by hiredis, read by the connection's pipe, the whole exchange bounded by
+    ``timeout_s``; an error reply stands in place of its command's reply. A connection
+    error or a timeout is retried with the connection's ``Retry``, the whole exchange
+    again (reads: sending one twice changes nothing). For a single server's client (a
+    cluster client has no pool: use its pipeline).
+
+    Raises:
+        redis.exceptions.RedisError: the connection failed or timed out past the retries.
+        redis.exceptions.DataError: an argument is not bytes, str, int or float.
+
+    """
+    if not commands:
+        return []
+    try:
+        packed = [cast(bytes, hiredis.pack_command(command)) for command in commands]  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise DataError(str(exc)) from None
+    pool: Any = client.connection_pool  # get_connection is untyped in redis-py
+    connection: Connection = await pool.get_connection()
+    limit = Deadlines(timeout_s)
+    try:
+        replies: list[Any] = await connection.retry.call_with_retry(
+            lambda: exchange(connection, packed, limit),
+            lambda _error: connection.disconnect(),
+        )
+    except BaseException:
+        await connection.disconnect(nowait=True)  # replies may be due: never reuse it
+        raise
+    finally:
+        if not release_pipe(connection):
+            await connection.disconnect(nowait=True)
+        await pool.release(connection)
     return replies

@@ -23,6 +23,15 @@ key                                 type   written by               TTL
 ``{ns}:{sNN}:fail:<group>:<entry>`` hash   projection workers       the feed's retention
 =================================== ====== ======================== ==========================
 
+A run hash may hold ``data_key``: the run's data key wrapped by a master key
+(``data_key.lua`` creates it once, ``rewrap_key.lua`` re-wraps it, ``erase.lua`` deletes
+it; :mod:`eventstore.sealing`).
+
+A run hash maps ``inv:<invocation id>`` to ``<tool call id> <event id>``: the call's id and
+its first event's id, remembered for the run's whole life (:func:`registered_call_id`
+reads the call id back). The event id tells a creation resent after its record expired
+(a retry of a timed-out write) from a second call of the same id.
+
 ``refusals:`` is the run's bounded refusal log: one entry per call turned away before
 any record existed (``at`` ms, ``tool`` when a tool name, ``call`` when an acceptable
 tool call id else ``call_bytes``, ``code``), counted per code in the run hash
@@ -159,6 +168,15 @@ def split_identity(identity: str) -> tuple[str, str]:
     """
     run_id, _, tool_call_id = identity.partition(":")
     return run_id, tool_call_id
+
+
+def registered_call_id(entry: bytes) -> str:
+    """Return the tool call id of a run hash's ``inv:`` entry (``<call id> <event id>``).
+
+    Tool call ids hold no whitespace, so the first space ends the id; an entry written
+    before the event id was kept beside it is the call id alone.
+    """
+    return entry.partition(b" ")[0].decode()
 
 
 def _run_id(value: str) -> str:
@@ -401,6 +419,14 @@ class Keys:
         :meth:`invocation_scan_pattern` and :meth:`parse_invocation_key`.
         """
         return f"{self.namespace}:{{s*}}:{kind}:*"
+
+    def run_id_of(self, key: bytes | str) -> str | None:
+        """The run id of a run hash key matched by ``scan_pattern("run")``, else None."""
+        text = key.decode("utf-8", "replace") if isinstance(key, bytes) else key
+        prefix, separator, run_id = text.rpartition(":run:")
+        if not separator or not prefix.startswith(f"{self.namespace}:") or not is_run_id(run_id):
+            return None
+        return run_id
 
     def invocation_scan_pattern(self, run_id: str | None = None) -> str:
         """SCAN MATCH pattern for every record and stream key (of ``run_id`` if given).

@@ -97,6 +97,13 @@ class Pipe(asyncio.Protocol):
         self._transport.writelines(packed)
         return future
 
+    def flushed(self) -> bool:
+        """Whether everything written so far has left the process (the kernel holds it).
+
+        Redis runs a command the kernel has handed over even if this process dies next.
+        """
+        return self._transport.get_write_buffer_size() == 0
+
     def detach(self) -> bool:
         """Give the transport back to its stream protocol; False if replies are still due.
 

@@ -26,7 +26,7 @@ from redis.exceptions import NoScriptError
 from redis.typing import EncodableT, KeyT
 
 from eventstore.errors import InvalidArgument, StoreUnavailable
-from eventstore.wire.batching import ScriptBatcher
+from eventstore.wire.batching import ScriptBatcher, Sent
 from eventstore.wire.replies import reply_text
 
 DEFAULT_REPLICA_TIMEOUT_MS: Final = 500
@@ -102,6 +102,7 @@ class ReplicaAcknowledgedCalls(ScriptBatcher):
 
         """
         self.stats.calls += 1
+        self.stats.waits += 1
         arguments = (len(keys), *keys, *args)
         reply, acknowledged = await self._round_trip_with_wait(script, arguments)
         if isinstance(reply, NoScriptError):
@@ -113,6 +114,20 @@ class ReplicaAcknowledgedCalls(ScriptBatcher):
         if not _refused(reply) and int(acknowledged) < self.replicas:
             raise ReplicationTimeout(int(acknowledged), self.replicas)
         return reply
+
+    async def send(
+        self, script: AsyncScript, keys: Sequence[KeyT], args: Iterable[EncodableT]
+    ) -> Sent:
+        """Run ``script`` and wait for the replicas now, as :meth:`call` does.
+
+        A write that must be acknowledged is answered before anything follows it.
+
+        Raises:
+            ReplicationTimeout: as for :meth:`call`.
+            redis.exceptions.RedisError: as for :meth:`call`.
+
+        """
+        return Sent(self, None, replies=[await self.call(script, keys, args)])
 
     async def _round_trip_with_wait(
         self, script: AsyncScript, arguments: tuple[EncodableT, ...]

@@ -14,12 +14,22 @@ past the limit a token is not even checked, the answer is 429 with ``Retry-After
 
 Every change is a POST carrying the CSRF token of the login session (a hidden ``csrf``
 field, compared in constant time): without it, or with a wrong one, 403 and nothing
-changes. The changes are logging out and an operator's decisions on governed calls: one
-call (from the approvals page or the call's page) or a batch of the calls ticked on the
-approvals page, under one decision id, each recorded as decided by the console's operator
-name. A decision answers 303 back to the page it came from, which then says once what
-happened to each call. A form that cannot be read (too large, too many, repeated, unknown
-or missing fields, not UTF-8, not ``application/x-www-form-urlencoded``) is 400 with one
+changes. A POST a browser says came from another origin (``Sec-Fetch-Site`` other than
+``same-origin``, or without one, an ``Origin`` that is not this console's) is 403 before
+anything is read (:func:`cross_origin`): SameSite=Strict keeps the cookie from other
+sites in the browsers that honour it, not from another port of this host, nor in the
+others. A page that is sent back to after a POST (a login's ``next``, a decision's) is
+normalised and kept under ``/console/`` (:func:`next_path`):
+``/console/../v1/approvals`` goes to ``/console/``. Every answer forbids framing twice,
+``frame-ancestors 'none'`` for browsers that read the CSP and ``X-Frame-Options: DENY``
+for older ones. The changes are logging out and an operator's decisions on governed
+calls: one call (from the approvals page or the call's page) or a batch of the calls
+ticked on the approvals page, under one decision id, each recorded as decided by the
+console's operator name; and an operator's settlement of a call whose process died (it
+ran, it did not, or request it again), recorded as the console's operator name too. A
+decision answers 303 back to the page it came from, which then says once what happened
+to each call. A form that cannot be read (too large, too many, repeated, unknown or
+missing fields, not UTF-8, not ``application/x-www-form-urlencoded``) is 400 with one
 ``console_form_refused`` log line naming the reason, never what was posted.
 
 Pages (every GET) only read the store; the harness-only payloads of a call have their own
@@ -32,64 +42,56 @@ Nothing a page shows is logged: a failure is logged by exception type only.
 from __future__ import annotations
 
 import importlib.resources
+import posixpath
 import re
 import secrets
 from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any, Final
-from urllib.parse import parse_qsl, urlencode, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, urlencode, urlsplit
 
 from jinja2 import Environment, PackageLoader, StrictUndefined, select_autoescape
 from markupsafe import Markup
 from starlette.requests import ClientDisconnect, Request
 from starlette.responses import HTMLResponse, RedirectResponse, Response
+from starlette.routing import Match, Router
 from starlette.types import Receive, Scope, Send
 
 from eventstore.audit.run_index import RUNS_SHOWN, RunFilter
-from eventstore.decisions import MAX_REASON_CHARS, new_approval_id
+from eventstore.decisions import MAX_REASON_CHARS, DecisionRequest, new_approval_id
 from eventstore.errors import AccessDenied, InvalidArgument, StoreUnavailable
 from eventstore.logs import get_logger
+from eventstore.settlements import MAX_EVIDENCE_CHARS, SettlementRequest, checked_evidence
 from machine.ids import is_invocation_id, is_run_id
+from projections.archive.database import ArchiveDatabase
 from projections.console import views
+from projections.console.archived import SEARCH_FIELDS, SEARCH_USAGE, ArchivedPages
 from projections.console.auth import MAX_SESSIONS, LoginThrottle, OperatorAuth, OperatorGate
 from projections.console.timeline import LEGEND, duration_text
-from projections.decisions import (
+from projections.http_api import CONSOLE_PREFIX, bearer_token
+from projections.operator_doors import (
     MAX_BATCH_CALLS,
     CallDecision,
-    checked_by,
+    again_invocation,
     checked_reason,
     decide_invocation,
     notice,
+    settle_invocation,
+    settlement_notice,
 )
-from projections.http import CONSOLE_PREFIX, bearer_token
 from projections.receipts.builder import iso_ms
+from projections.routing import ExactRoute, WrongMethod, described
 
 log = get_logger("canon.console")
 
-#: Every console route (kept apart from projections.http.ROUTES: these take the operator
-#: token, not a run's).
-CONSOLE_ROUTES: Final = (
-    "GET /console/",
-    "GET /console/login",
-    "POST /console/login",
-    "POST /console/logout",
-    "GET /console/search",
-    "GET /console/approvals",
-    "POST /console/approvals",
-    "GET /console/live.js",
-    "GET /console/runs/<run id>",
-    "GET /console/runs/<run id>/invocations/<invocation id>",
-    "POST /console/runs/<run id>/invocations/<invocation id>/approval",
-    "GET /console/runs/<run id>/invocations/<invocation id>/payloads",
-)
-#: Who the console's decisions are recorded as decided by, unless it is told a name.
-DEFAULT_OPERATOR_NAME: Final = "console operator"
+#: Where a request's scope keeps the operator its credential names.
+_OPERATOR: Final = "canon.operator_credentials"
 #: Every console's cookie name starts so; the rest is chosen when the console starts.
 COOKIE_PREFIX: Final = "canon_console_"
 #: The runs page; also the cookie's path: the console's pages, nothing else the host serves.
 CONSOLE_HOME: Final = CONSOLE_PREFIX + "/"
-_RUN: Final = re.compile(r"/console/runs/([^/]+)")
-_CALL: Final = re.compile(r"/console/runs/([^/]+)/invocations/([^/]+)(/payloads)?")
-_DECIDE: Final = re.compile(r"/console/runs/([^/]+)/invocations/([^/]+)/approval")
+#: Where a request's scope keeps the console answering it (for the routes' endpoints).
+_CONSOLE: Final = "canon.console"
 _PAGE_NUMBER: Final = re.compile(r"[1-9][0-9]{0,5}")
 #: Longest value of a filter or search field (a tool name, a code, an id prefix).
 _MAX_QUERY_VALUE: Final = 200
@@ -104,6 +106,9 @@ _MAX_FORM_FIELDS: Final = 8
 # batch lists up to 100 calls of about 200 bytes each: bounded, but more than a login.
 _MAX_DECISION_FORM_BYTES: Final = 32 * 1024
 _DECISION_FIELDS: Final = frozenset({"csrf", "decision", "reason", "next"})
+_SETTLEMENT_FIELDS: Final = frozenset({"csrf", "outcome", "evidence", "request_again", "next"})
+#: What a settlement form may say: the call ran, it did not, or request it again.
+_SETTLEMENT_OUTCOMES: Final = ("executed", "not_executed", "request_again")
 _BATCH_FIELDS: Final = frozenset({"csrf", "decision", "reason", "call"})
 _HEADERS: Final = {
     # No frame, no outside resource, no inline script: the pages are HTML and inline SVG,
@@ -113,11 +118,28 @@ _HEADERS: Final = {
     "form-action 'self'; frame-ancestors 'none'; base-uri 'none'",
     "X-Content-Type-Options": "nosniff",
     "Referrer-Policy": "no-referrer",
+    # frame-ancestors for the browsers that read the CSP, this for those that do not.
+    "X-Frame-Options": "DENY",
 }
+#: The Sec-Fetch-Site values of a request a console page made (or the operator typed).
+_OWN_SITE: Final = frozenset({"same-origin", "none"})
+_DEFAULT_PORTS: Final = {"http": 80, "https": 443}
 
 
 _RUNS_QUERY: Final = frozenset({"cursor", "status", "tool", "code", "q"})
-_RUN_QUERY: Final = frozenset({"page", "status", "tool", "code"})
+#: A run's calls filtered: by status, stage, tool, error code, exception type, call id
+#: (start).
+_FILTER_QUERY: Final = frozenset({"status", "stage", "tool", "code", "type", "q"})
+_RUN_QUERY: Final = _FILTER_QUERY | {"page"}
+_NO_QUERY: Final = "This page takes no query parameters."
+_ONLY_FORMS: Final = "Method not allowed: the console's only changes are its forms."
+#: What a route says to a method it does not serve (else :data:`_ONLY_FORMS`).
+_WRONG_METHOD: Final = {
+    "login": "Method not allowed.",
+    "logout": "Log out with the console's button (a POST).",
+    "settlement": "Settle with the page's form (a POST).",
+    "approval": "Decide with the page's form (a POST).",
+}
 
 
 class FormRefused(InvalidArgument):
@@ -146,24 +168,78 @@ def _environment() -> Environment:
     env.filters["duration"] = duration_text
     env.globals["legend"] = LEGEND
     env.globals["events_shown"] = views.EVENTS_SHOWN
+    env.globals["calls_per_page"] = views.CALLS_PER_PAGE
     env.globals["detail_shown_chars"] = views.DETAIL_SHOWN_CHARS
     env.globals["max_reason_chars"] = MAX_REASON_CHARS
+    env.globals["max_evidence_chars"] = MAX_EVIDENCE_CHARS
+    env.globals["call_stages"] = views.CALL_STAGES
     env.globals["max_batch_calls"] = MAX_BATCH_CALLS
     return env
 
 
-def _next_path(value: str | None) -> str:
-    """Where a login goes on: a console page only (never another site or route)."""
-    if (
-        value
-        and value.startswith(CONSOLE_HOME)
-        and value.isascii()
-        and value.isprintable()
-        and "//" not in value
-        and "\\" not in value
-    ):
-        return value
-    return CONSOLE_HOME
+def next_path(value: str | None) -> str:
+    """Where a login or a decision goes on: a console page, normalised; else the runs page.
+
+    The path is percent-decoded and its dot segments resolved as a browser would
+    (``/console/%2e%2e/v1/approvals`` is ``/v1/approvals``), then kept only if it is still
+    under ``/console/``; it goes back percent-encoded, with its query if it has one.
+    Anything with a scheme, a host, a fragment, a backslash, an empty segment or a
+    character that is not printable ASCII goes to ``/console/``.
+    """
+    if not value or not value.isascii() or not value.isprintable() or "\\" in value:
+        return CONSOLE_HOME
+    parts = urlsplit(value)
+    if parts.scheme or parts.netloc or parts.fragment or "#" in value:
+        return CONSOLE_HOME
+    path = unquote(parts.path)
+    if not path.startswith("/") or "//" in path or "\\" in path or not path.isprintable():
+        return CONSOLE_HOME
+    resolved = posixpath.normpath(path)
+    if path.endswith("/") and resolved != "/":
+        resolved += "/"
+    if resolved != CONSOLE_HOME and not resolved.startswith(CONSOLE_HOME):
+        return CONSOLE_HOME
+    query = f"?{parts.query}" if parts.query else ""
+    return quote(resolved, safe="/-._~!$&'()*+,;=:@") + query
+
+
+def cross_origin(request: Request) -> str | None:
+    """Why a POST is refused as coming from another origin, or None when it is not.
+
+    A browser names where a request came from. ``Sec-Fetch-Site`` (every current browser)
+    decides when it is there: ``same-origin`` from a console page (or ``none``, typed by
+    the operator), ``same-site`` or ``cross-site`` from any other page, another port of
+    this host included. Without it, ``Origin`` decides: the page's scheme, host and port
+    must be this console's. ``Origin: null`` says nothing either way: the console's own
+    ``Referrer-Policy: no-referrer`` makes a browser send it for the console's own forms.
+    A client that sends neither (a script with a Bearer token) is not a browser, and
+    still needs its session's CSRF token to change anything with a cookie.
+    """
+    site = request.headers.get("sec-fetch-site")
+    if site is not None:
+        return None if site.strip().lower() in _OWN_SITE else "sec_fetch_site"
+    origin = request.headers.get("origin")
+    if origin is None or origin.strip() == "null":
+        return None
+    host = request.headers.get("host", "")
+    scheme = str(request.scope.get("scheme") or "http")
+    return None if _same_host(origin, scheme, host) else "origin"
+
+
+def _same_host(origin: str, scheme: str, host: str) -> bool:
+    """Tell whether ``origin`` names the host (and port) the request was sent to."""
+    try:
+        named = urlsplit(origin.strip())
+        here = urlsplit(f"{scheme}://{host}")
+        ports = (
+            named.port or _DEFAULT_PORTS.get(named.scheme),
+            here.port or _DEFAULT_PORTS.get(scheme),
+        )
+    except ValueError:
+        return False
+    # The scheme is not compared: behind a proxy that ends TLS and does not say so, the
+    # page is https and this request http, yet both are this console.
+    return bool(named.hostname) and named.hostname == here.hostname and ports[0] == ports[1]
 
 
 def read_query(request: Request, allowed: frozenset[str]) -> dict[str, str] | None:
@@ -286,6 +362,10 @@ def _one(form: dict[str, list[str]], name: str) -> str | None:
     return values[0] if values else None
 
 
+_EVIDENCE_NEEDED: Final = (
+    f"Nothing was settled: a settlement needs evidence, one line of 1 to "
+    f"{MAX_EVIDENCE_CHARS} printable characters."
+)
 _REASON_NEEDED: Final = (
     f"Nothing was decided: a decision needs a reason, one line of 1 to {MAX_REASON_CHARS} "
     "printable characters."
@@ -308,7 +388,7 @@ class Console:
         secure_cookie: bool = False,
         cookie_name: str | None = None,
         throttle: LoginThrottle | None = None,
-        operator_name: str = DEFAULT_OPERATOR_NAME,
+        archive: ArchiveDatabase | None = None,
     ) -> None:
         """Serve ``store`` to whoever holds the token ``auth`` checks.
 
@@ -321,12 +401,10 @@ class Console:
             cookie_name: the login cookie's name (else ``canon_console_`` and a random
                 suffix chosen now).
             throttle: the limit on failed logins (else a new one with the defaults).
-            operator_name: who the console's decisions are recorded as decided by (one
-                token, so one name: every holder of the token decides as it).
-
-        Raises:
-            InvalidArgument: ``operator_name`` is empty, not printable or over 200
-                characters.
+            archive: an archive of the store's namespace (opened and closed by the
+                caller): the pages of a run or call Redis no longer holds are read from
+                it, marked archived and read-only, and the search page searches it
+                (:mod:`.archived`).
 
         """
         self._store = store
@@ -336,12 +414,21 @@ class Console:
         #: The operator token's check and its limit on failures; the HTTP API's decision
         #: routes take the same (``create_app(..., operator=console.gate)``).
         self.gate = OperatorGate(auth, throttle)
-        self.operator_name = checked_by(operator_name)
         # What the next page of a session says after a decision it posted: one entry per
         # session (keyed by its CSRF token), taken by the page it was sent back to.
         self._notices: OrderedDict[str, tuple[str, list[str]]] = OrderedDict()
         self._env = _environment()
-        self._env.globals["operator_name"] = self.operator_name
+        self._router = Router(CONSOLE_TABLE, redirect_slashes=False, default=self._no_page)
+        self._archive = (
+            ArchivedPages(
+                archive,
+                store.keys.namespace,
+                store.settings,
+                keys=store.seals.keyring if store.seals is not None else None,
+            )
+            if archive is not None
+            else None
+        )
 
     def _cookie(self, request: Request) -> str | None:
         return request.cookies.get(self.cookie_name)
@@ -349,7 +436,11 @@ class Console:
     def _page(self, request: Request, template: str, code: int = 200, **context: Any) -> Response:
         csrf = self._auth.csrf_token(self._cookie(request))
         notices = self._take_notices(csrf, request.scope["path"])
-        html = self._env.get_template(template).render(csrf=csrf, notices=notices, **context)
+        # Who is signed in (shown on every page, and named as the decisions' maker).
+        operator = request.scope.get(_OPERATOR)
+        html = self._env.get_template(template).render(
+            csrf=csrf, notices=notices, operator_name=operator, **context
+        )
         return HTMLResponse(html, status_code=code, headers=_HEADERS)
 
     def _take_notices(self, csrf: str | None, path: str) -> list[str]:
@@ -400,29 +491,43 @@ class Console:
         return self._error(request, 400, "That form could not be read: use the console's own.")
 
     def _unauthorized(self, request: Request) -> Response | None:
-        """401 or 429 when the request holds no valid credential; None when it does."""
+        """401 or 429 when the request holds no valid credential; None when it does.
+
+        The operator it names (its login session's, or its Bearer token's) is kept in the
+        request's scope: the one name its pages show and its decisions are recorded as.
+        """
         path: str = request.scope["path"]
         token = bearer_token(request)
         if token is None:
-            if self._auth.check_session(self._cookie(request)):
+            operator = self._auth.session_operator(self._cookie(request))
+            if operator is not None:
+                request.scope[_OPERATOR] = operator
                 return None
-            return self._login(request, 401, _next_path(path))
+            return self._login(request, 401, next_path(path))
         client = _client(request)
-        accepted, wait_s = self.gate.check(token, client)
+        operator, wait_s = self.gate.check(token, client)
         if wait_s:
             return self._throttled(request, wait_s)
-        if accepted:
+        if operator is not None:
+            request.scope[_OPERATOR] = operator
             return None
         self.gate.failed(client, token)  # a value too short to be the token is not counted
-        return self._login(request, 401, _next_path(path))
+        return self._login(request, 401, next_path(path))
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        """Answer one request under ``/console``."""
+        """Answer one request under ``/console``: its origin and credential, then its route."""
         request = Request(scope, receive)
+        scope[_CONSOLE] = self
         try:
-            response = await self._answer(request)
+            response = self._refused_first(request)
+            if response is None:
+                await self._router(scope, receive, send)
+                return
         except ClientDisconnect:
             return  # nobody is left to answer
+        except WrongMethod as wrong:
+            response = self._error(request, 405, _WRONG_METHOD.get(wrong.route, _ONLY_FORMS))
+            response.headers["Allow"] = wrong.allow
         except StoreUnavailable:
             response = self._error(request, 503, "The store is unavailable; try again.")
         except Exception as exc:
@@ -452,13 +557,15 @@ class Console:
                 raise FormRefused("missing_field")
         except FormRefused as refused:
             return self._refused(request, refused)
-        next_path = _next_path(form.get("next"))
+        going = next_path(form.get("next"))
         token = form["token"]
-        if not self._auth.check_token(token):
+        operator = self._auth.operator_of(token)
+        if operator is None:
             self.gate.failed(client, token)
-            return self._login(request, 401, next_path, "That is not the operator token.")
-        response = RedirectResponse(next_path, status_code=303, headers=_HEADERS)
-        session = self._auth.start_session()
+            return self._login(request, 401, going, "That token names no operator.")
+        log.info("console_login", operator=operator)
+        response = RedirectResponse(going, status_code=303, headers=_HEADERS)
+        session = self._auth.start_session(operator)
         self._set_cookie(request, response, session, max(int(self._auth.session_ttl_s), 0))
         return response
 
@@ -478,12 +585,13 @@ class Console:
         self._set_cookie(request, response, "", 0)
         return response
 
-    async def _reveal(self, request: Request, run_id: str, inv_id: str) -> Response:
+    async def _reveal(self, request: Request) -> Response:
         """The payloads page with nothing masked, for a POST with the session's CSRF token.
 
         Each reveal is logged (``payloads_revealed``, naming the run and the invocation
         only), so an audit of the console's log shows who could have seen what, when.
         """
+        run_id, inv_id = _call_ids(request)
         try:
             form = await read_form(request, frozenset({"csrf"}))
         except FormRefused as refused:
@@ -496,10 +604,20 @@ class Console:
         if not (is_run_id(run_id) and is_invocation_id(inv_id)):
             return self._error(request, 404, "No such invocation.")
         found = await views.payloads_page(self._store, run_id, inv_id, reveal=True)
+        archived = False
+        if found is None and self._archive is not None:
+            found, archived = await self._archive.payloads_page(run_id, inv_id, reveal=True), True
         if found is None:
             return self._error(request, 404, "No such invocation (it may have expired).")
-        log.warning("payloads_revealed", run_id=run_id, invocation_id=inv_id)
-        return self._page(request, "payloads.html", run_id=run_id, call=found[0], payloads=found[1])
+        log.warning("payloads_revealed", run_id=run_id, invocation_id=inv_id, archived=archived)
+        return self._page(
+            request,
+            "payloads.html",
+            run_id=run_id,
+            call=found[0],
+            payloads=found[1],
+            archived=archived,
+        )
 
     async def _decision_form(
         self, request: Request, allowed: frozenset[str], route: str
@@ -541,19 +659,15 @@ class Console:
         self, request: Request, calls: list[tuple[str, str]], approve: bool, reason: str
     ) -> list[CallDecision] | Response:
         """Decide ``calls`` (run and invocation ids) as one decision: one decision id."""
-        decision_id = new_approval_id()
+        decision = DecisionRequest(
+            approve=approve,
+            by=request.scope[_OPERATOR],
+            reason=reason,
+            decision_id=new_approval_id(),
+        )
         try:
             return [
-                await decide_invocation(
-                    self._store,
-                    run_id,
-                    inv_id,
-                    approve=approve,
-                    by=self.operator_name,
-                    reason=reason,
-                    decision_id=decision_id,
-                    door="console",
-                )
+                await decide_invocation(self._store, run_id, inv_id, decision, "console")
                 for run_id, inv_id in calls
             ]
         except AccessDenied:
@@ -563,15 +677,16 @@ class Console:
                 "The console's Redis user may only read: decisions need a user that writes.",
             )
 
-    async def _decide_one(self, request: Request, run_id: str, inv_id: str) -> Response:
+    async def _decide_one(self, request: Request) -> Response:
         """Approve or deny one waiting call, then go back to the page the form was on."""
+        run_id, inv_id = _call_ids(request)
         read = await self._decision_form(request, _DECISION_FIELDS, "approval")
         if isinstance(read, Response):
             return read
         form, approve, reason = read
         if not (is_run_id(run_id) and is_invocation_id(inv_id)):
             return self._error(request, 404, "No such invocation.")
-        back = _next_path(
+        back = next_path(
             _one(form, "next") or f"{CONSOLE_PREFIX}/runs/{run_id}/invocations/{inv_id}"
         )
         if reason is None:
@@ -580,6 +695,56 @@ class Console:
         if isinstance(decided, Response):
             return decided
         return self._back(request, back, [notice(decided[0], approve)])
+
+    async def _settle_one(self, request: Request) -> Response:
+        """Settle one call whose process died, as the operator signed in; then go back.
+
+        The form says it ran (``executed``), it did not (``not_executed``, and maybe
+        ``request_again``), or asks for a call settled as not executed to be requested
+        again (``request_again``), with the evidence the answer rests on.
+        """
+        run_id, inv_id = _call_ids(request)
+        try:
+            form = await read_form(request, _SETTLEMENT_FIELDS)
+            if not self._auth.check_csrf(self._cookie(request), form.get("csrf")):
+                log.warning("console_change_refused", reason="csrf", route="settlement")
+                return self._error(
+                    request, 403, "Refused: a settlement needs your login session's form token."
+                )
+            outcome = form.get("outcome")
+            if outcome not in _SETTLEMENT_OUTCOMES or form.get("request_again") not in (
+                None,
+                "1",
+            ):
+                raise FormRefused("missing_field")
+        except FormRefused as refused:
+            return self._refused(request, refused)
+        if not (is_run_id(run_id) and is_invocation_id(inv_id)):
+            return self._error(request, 404, "No such invocation.")
+        back = next_path(form.get("next") or f"{CONSOLE_PREFIX}/runs/{run_id}/invocations/{inv_id}")
+        operator = request.scope[_OPERATOR]
+        try:
+            if outcome == "request_again":
+                result = await again_invocation(self._store, run_id, inv_id, operator, "console")
+            else:
+                try:
+                    evidence = checked_evidence(form.get("evidence") or "")
+                except InvalidArgument:
+                    return self._back(request, back, [_EVIDENCE_NEEDED])
+                settling = SettlementRequest(
+                    executed=outcome == "executed", by=operator, evidence=evidence
+                )
+                again = outcome == "not_executed" and form.get("request_again") == "1"
+                result = await settle_invocation(
+                    self._store, run_id, inv_id, settling, again, "console"
+                )
+        except AccessDenied:
+            return self._error(
+                request,
+                503,
+                "The console's Redis user may only read: settlements need a user that writes.",
+            )
+        return self._back(request, back, [settlement_notice(result)])
 
     async def _decide_batch(self, request: Request) -> Response:
         """One decision for every call ticked on the approvals page, and only those."""
@@ -603,58 +768,58 @@ class Console:
             return decided
         return self._back(request, back, [notice(result, approve) for result in decided])
 
-    async def _answer(self, request: Request) -> Response:
-        path: str = request.scope["path"]
-        method = request.method
-        if path == CONSOLE_PREFIX:
-            return RedirectResponse(CONSOLE_HOME, status_code=307, headers=_HEADERS)
-        if path == "/console/login":
-            if method == "POST":
-                return await self._log_in(request)
-            if method == "GET":
-                return self._login(request, 200, _next_path(request.query_params.get("next")))
-            return self._error(request, 405, "Method not allowed.")
-        denied = self._unauthorized(request)
-        if denied is not None:
-            return denied
-        if path == "/console/logout":
-            if method == "POST":
-                return await self._log_out(request)
-            response = self._error(request, 405, "Log out with the console's button (a POST).")
-            response.headers["Allow"] = "POST"
-            return response
-        if method == "POST" and (reveal := _CALL.fullmatch(path)) and reveal.group(3):
-            return await self._reveal(request, reveal.group(1), reveal.group(2))
-        if (decide := _DECIDE.fullmatch(path)) is not None:
-            if method == "POST":
-                return await self._decide_one(request, decide.group(1), decide.group(2))
-            response = self._error(request, 405, "Decide with the page's form (a POST).")
-            response.headers["Allow"] = "POST"
-            return response
-        if method == "POST" and path == "/console/approvals":
-            return await self._decide_batch(request)
-        if method != "GET":
+    def _refused_first(self, request: Request) -> Response | None:
+        """The answer before any route: a POST from another origin, or no credential.
+
+        None when the request goes on to its route (the home redirect and the login page
+        need no credential).
+        """
+        if request.method == "POST" and (why := cross_origin(request)) is not None:
+            log.warning("console_change_refused", reason=why, route=request.scope["path"])
             return self._error(
-                request, 405, "Method not allowed: the console's only changes are its forms."
+                request, 403, "Refused: a change must come from the console's own pages."
             )
-        if path == CONSOLE_HOME:
-            return await self._runs(request)
-        if path == "/console/search":
-            return await self._search(request)
-        if path == "/console/approvals":
-            if request.query_params:
-                return self._error(request, 400, "This page takes no query parameters.")
-            view = await views.approvals_page(self._store)
-            return self._page(request, "approvals.html", view=view)
-        if _RUN.fullmatch(path) is None and request.query_params:
-            return self._error(request, 400, "This page takes no query parameters.")
-        if path == "/console/live.js":
-            return Response(
-                _LIVE_SCRIPT,
-                media_type="text/javascript",
-                headers={**_HEADERS, "Cache-Control": "no-cache"},
-            )
-        return await self._run_pages(request, path)
+        if any(route.matches(request.scope)[0] is not Match.NONE for route in _BEFORE_LOGIN):
+            return None
+        return self._unauthorized(request)
+
+    async def _no_page(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """A path no console route has: 405 for a change, 400 for a query, else 404."""
+        request = Request(scope, receive)
+        if request.method != "GET":
+            response = self._error(request, 405, _ONLY_FORMS)
+        elif request.query_params:
+            response = self._error(request, 400, _NO_QUERY)
+        else:
+            response = self._error(request, 404, "No such page.")
+        await response(scope, receive, send)
+
+    async def _home(self, request: Request) -> Response:
+        return RedirectResponse(CONSOLE_HOME, status_code=307, headers=_HEADERS)
+
+    async def _login_page(self, request: Request) -> Response:
+        """The login form (GET), or a login (POST)."""
+        if request.method == "POST":
+            return await self._log_in(request)
+        return self._login(request, 200, next_path(request.query_params.get("next")))
+
+    async def _approvals(self, request: Request) -> Response:
+        """The calls awaiting a decision (GET), or one decision on those ticked (POST)."""
+        if request.method == "POST":
+            return await self._decide_batch(request)
+        if request.query_params:
+            return self._error(request, 400, _NO_QUERY)
+        view = await views.approvals_page(self._store)
+        return self._page(request, "approvals.html", view=view)
+
+    async def _live_script(self, request: Request) -> Response:
+        if request.query_params:
+            return self._error(request, 400, _NO_QUERY)
+        return Response(
+            _LIVE_SCRIPT,
+            media_type="text/javascript",
+            headers={**_HEADERS, "Cache-Control": "no-cache"},
+        )
 
     async def _runs(self, request: Request) -> Response:
         query = read_query(request, _RUNS_QUERY)
@@ -688,51 +853,180 @@ class Console:
         )
 
     async def _search(self, request: Request) -> Response:
+        if self._archive is not None:
+            return await self._archive_search(request, self._archive)
         query = read_query(request, frozenset({"tool", "code"}))
         if query is None or not query:
             return self._error(
                 request, 400, "The search takes a tool and/or an error code, each once."
             )
-        found = await views.calls_found(self._store, query.get("tool"), query.get("code"))
-        return self._page(request, "search.html", found=found, query=query)
+        found, failures = await views.calls_found(self._store, query.get("tool"), query.get("code"))
+        return self._page(request, "search.html", found=found, failures=failures, query=query)
 
-    async def _run_pages(self, request: Request, path: str) -> Response:
-        run_match, call_match = _RUN.fullmatch(path), _CALL.fullmatch(path)
-        if run_match is not None:
-            run_id = run_match.group(1)
-            query = read_query(request, _RUN_QUERY)
-            number = _page_number(query.get("page")) if query is not None else None
-            if query is None or number is None:
-                return self._error(
-                    request,
-                    400,
-                    "The run page takes a page number, a status, a tool and a code, each once.",
-                )
-            status = query.get("status")
-            if status is not None and status not in views.CALL_STATUSES:
-                return self._error(request, 400, "That status is not READY, ERROR or PROJECTING.")
-            where = views.CallFilter(status=status, tool=query.get("tool"), code=query.get("code"))
-            view = (
-                await views.run_page(self._store, run_id, number, where)
-                if is_run_id(run_id)
-                else None
+    def _filter(
+        self, request: Request, allowed: frozenset[str]
+    ) -> tuple[dict[str, str], views.CallFilter] | Response:
+        """The query and filter of a page listing a run's calls (or opened from one).
+
+        Or the 400 answer to a query that is not one.
+        """
+        query = read_query(request, allowed)
+        number = _page_number(query.get("page")) if query is not None else None
+        if query is None or number is None:
+            return self._error(
+                request,
+                400,
+                "A run's calls are listed by page number, status, stage, tool, error code, "
+                "exception type and the start of a tool call id (q), each once.",
             )
-            if view is None:
-                return self._error(request, 404, "No such run or page (it may have expired).")
-            return self._page(request, "run.html", view=view)
-        if call_match is None:
-            return self._error(request, 404, "No such page.")
-        run_id, inv_id, payloads = call_match.groups()
+        status = query.get("status")
+        if status is not None and status not in views.CALL_STATUSES:
+            return self._error(request, 400, "That status is not READY, ERROR or PROJECTING.")
+        stage = query.get("stage")
+        if stage is not None and stage not in views.CALL_STAGES:
+            return self._error(request, 400, "That stage is not one a call stands in.")
+        where = views.CallFilter(
+            status=status,
+            stage=stage,
+            tool=query.get("tool"),
+            code=query.get("code"),
+            type=query.get("type"),
+            q=query.get("q"),
+        )
+        return query, where
+
+    async def _archive_search(self, request: Request, archive: ArchivedPages) -> Response:
+        """The search across runs, read from the archive (:mod:`.archived`)."""
+        query = read_query(request, SEARCH_FIELDS)
+        if query is None:
+            return self._error(request, 400, SEARCH_USAGE)
+        try:
+            view = await archive.search_page(query)
+        except InvalidArgument as exc:  # its message never repeats the query
+            return self._error(request, 400, f"That search cannot be read: {exc}.")
+        return self._page(request, "archive_search.html", view=view)
+
+    async def _run_page(self, request: Request) -> Response:
+        """A run's page: its calls, a page at a time, filtered."""
+        run_id: str = request.path_params["run_id"]
+        read = self._filter(request, _RUN_QUERY)
+        if isinstance(read, Response):
+            return read
+        query, where = read
+        number = _page_number(query.get("page")) or 1
+        view = (
+            await views.run_page(self._store, run_id, number, where) if is_run_id(run_id) else None
+        )
+        archived = False
+        if view is None and self._archive is not None and is_run_id(run_id):
+            view, archived = await self._archive.run_page(run_id, number, where), True
+        if view is None:
+            return self._error(request, 404, "No such run or page (it may have expired).")
+        if view.found is not None:
+            # The lookup found its call: open it, its neighbours those of the rest of
+            # the filter (the other calls listed with it).
+            rest = where.query(q=None)
+            target = f"{CONSOLE_PREFIX}/runs/{run_id}/invocations/{view.found.invocation_id}"
+            return RedirectResponse(
+                target + (f"?{rest}" if rest else ""), status_code=303, headers=_HEADERS
+            )
+        return self._page(request, "run.html", view=view, archived=archived)
+
+    async def _invocation_page(self, request: Request) -> Response:
+        """A call's page, its neighbours those of the filter it was opened from."""
+        run_id, inv_id = _call_ids(request)
         if not (is_run_id(run_id) and is_invocation_id(inv_id)):
             return self._error(request, 404, "No such invocation.")
-        if payloads:
-            found = await views.payloads_page(self._store, run_id, inv_id)
-            if found is None:
-                return self._error(request, 404, "No such invocation (it may have expired).")
-            return self._page(
-                request, "payloads.html", run_id=run_id, call=found[0], payloads=found[1]
-            )
-        invocation = await views.invocation_page(self._store, run_id, inv_id)
+        read = self._filter(request, _FILTER_QUERY)
+        if isinstance(read, Response):
+            return read
+        invocation = await views.invocation_page(self._store, run_id, inv_id, read[1])
+        archived = False
+        if invocation is None and self._archive is not None:
+            invocation, archived = await self._archive.invocation_page(run_id, inv_id), True
         if invocation is None:
             return self._error(request, 404, "No such invocation (it may have expired).")
-        return self._page(request, "invocation.html", view=invocation)
+        return self._page(request, "invocation.html", view=invocation, archived=archived)
+
+    async def _payloads(self, request: Request) -> Response:
+        """A call's payloads, masked (GET), or shown unmasked (POST, :meth:`_reveal`)."""
+        if request.method == "POST":
+            return await self._reveal(request)
+        if request.query_params:
+            return self._error(request, 400, _NO_QUERY)
+        run_id, inv_id = _call_ids(request)
+        if not (is_run_id(run_id) and is_invocation_id(inv_id)):
+            return self._error(request, 404, "No such invocation.")
+        found = await views.payloads_page(self._store, run_id, inv_id)
+        archived = False
+        if found is None and self._archive is not None:
+            found, archived = await self._archive.payloads_page(run_id, inv_id), True
+        if found is None:
+            return self._error(request, 404, "No such invocation (it may have expired).")
+        return self._page(
+            request,
+            "payloads.html",
+            run_id=run_id,
+            call=found[0],
+            payloads=found[1],
+            archived=archived,
+        )
+
+
+def _call_ids(request: Request) -> tuple[str, str]:
+    """The run id and invocation id a call's path names (checked by each page)."""
+    return request.path_params["run_id"], request.path_params["invocation_id"]
+
+
+def _on(
+    page: Callable[[Console, Request], Awaitable[Response]],
+) -> Callable[[Request], Awaitable[Response]]:
+    """A route's endpoint: ``page`` of the console answering the request."""
+
+    async def endpoint(request: Request) -> Response:
+        return await page(request.scope[_CONSOLE], request)
+
+    endpoint.__name__ = page.__name__
+    return endpoint
+
+
+_CALL_PATH: Final = CONSOLE_PREFIX + "/runs/{run_id}/invocations/{invocation_id}"
+#: The routes answered before any credential: ``/console`` (to the runs page, whatever
+#: the method) and the login page.
+_BEFORE_LOGIN: Final = (
+    ExactRoute(CONSOLE_PREFIX, _on(Console._home), name="home"),
+    ExactRoute(
+        CONSOLE_PREFIX + "/login", _on(Console._login_page), methods=["GET", "POST"], name="login"
+    ),
+)
+#: Every console route (apart from projections.http_api's: these take the operator token).
+CONSOLE_TABLE: Final = (
+    *_BEFORE_LOGIN,
+    ExactRoute(CONSOLE_HOME, _on(Console._runs), methods=["GET"], name="runs"),
+    ExactRoute(CONSOLE_PREFIX + "/logout", _on(Console._log_out), methods=["POST"], name="logout"),
+    ExactRoute(CONSOLE_PREFIX + "/search", _on(Console._search), methods=["GET"], name="search"),
+    ExactRoute(
+        CONSOLE_PREFIX + "/approvals",
+        _on(Console._approvals),
+        methods=["GET", "POST"],
+        name="approvals",
+    ),
+    ExactRoute(
+        CONSOLE_PREFIX + "/live.js", _on(Console._live_script), methods=["GET"], name="live_script"
+    ),
+    ExactRoute(
+        CONSOLE_PREFIX + "/runs/{run_id}", _on(Console._run_page), methods=["GET"], name="run"
+    ),
+    ExactRoute(_CALL_PATH, _on(Console._invocation_page), methods=["GET"], name="invocation"),
+    ExactRoute(
+        _CALL_PATH + "/approval", _on(Console._decide_one), methods=["POST"], name="approval"
+    ),
+    ExactRoute(
+        _CALL_PATH + "/settlement", _on(Console._settle_one), methods=["POST"], name="settlement"
+    ),
+    ExactRoute(
+        _CALL_PATH + "/payloads", _on(Console._payloads), methods=["GET", "POST"], name="payloads"
+    ),
+)
+#: Every console route, as ``canon serve --help`` lists them (read from the table).
+CONSOLE_ROUTES: Final = described(CONSOLE_TABLE)

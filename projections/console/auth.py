@@ -1,18 +1,23 @@
-"""The operator's credentials: one token kept hashed, login sessions, a limit on failures.
+"""Operators' credentials: named operators, their tokens kept hashed, logins, a limit.
 
-The token is at least :data:`MIN_TOKEN_BYTES` long, stored only as its SHA-256 digest and
-compared in constant time (:func:`hmac.compare_digest`). A login starts a session: a
-random id kept in this process's memory, handed to the browser as ``<id>.<HMAC of the
-id>`` under a key that never leaves the process. The cookie is never the token, a
-restarted server forgets every session, and a forged or ended session is refused. Each
-session has its CSRF token (another HMAC of its id), which every state-changing form
-carries and which is compared in constant time.
+Operators are named: each has a token, at least :data:`MIN_TOKEN_BYTES` long, kept only
+as its SHA-256 digest (:class:`Operators`: from an operators file of ``name
+sha256:<hex>`` lines, or one token for one operator, ``operator``) and compared in
+constant time (:func:`hmac.compare_digest`, against every operator's digest). The
+operator a token names is who every decision made with it is recorded as: never a
+name a form or a body gives. A login starts a session for that operator: a random id
+kept in this process's memory, handed to the browser as ``<id>.<HMAC of the id>`` under
+a key that never leaves the process. The cookie is never the token, a restarted server
+forgets every session, and a forged or ended session is refused. Each session has its
+CSRF token (another HMAC of its id), which every state-changing form carries and which
+is compared in constant time.
 
 :class:`LoginThrottle` counts failed token checks (the login form and Bearer headers
 alike) in two token buckets, one per client address and one for all clients: an empty
 bucket refuses every token check, right or wrong, until it refills, and says when.
-:class:`OperatorGate` puts the token and that limit together for everyone who takes the
-operator token: the console's pages and the HTTP API's decision routes share one allowance.
+:class:`OperatorGate` puts the tokens and that limit together for everyone who takes an
+operator's token: the console's pages and the HTTP API's decision routes share one
+allowance.
 """
 
 from __future__ import annotations
@@ -24,14 +29,21 @@ import math
 import secrets
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Final
 
 from eventstore.errors import InvalidArgument
 from eventstore.logs import get_logger
+from machine.governance import RUN_IDENTITY_PREFIX
 
 log = get_logger("canon.console")
 
+#: The name of the one operator a single operator token stands for.
+DEFAULT_OPERATOR: Final = "operator"
+#: Longest operator name (characters), as an approver's.
+MAX_OPERATOR_NAME_CHARS: Final = 200
+#: How a digest is spelled in an operators file.
+_SHA256_PREFIX: Final = "sha256:"
 #: How long a login lasts.
 SESSION_TTL_S: Final = 12 * 3600.0
 #: Sessions kept at most; past it the oldest is forgotten.
@@ -88,36 +100,181 @@ def _same(left: str, right: str) -> bool:
     )
 
 
-class OperatorAuth:
-    """Checks the operator token and the sessions of the logins it allowed."""
+def check_operator_name(name: str) -> str:
+    """Return ``name`` when it may name an operator.
 
-    def __init__(self, token: str, *, session_ttl_s: float = SESSION_TTL_S) -> None:
-        """Keep ``token`` hashed.
+    Printable, 1 to 200 characters, no whitespace (an operators file separates its
+    fields with it), never ``run:...`` (a run's own identity).
+
+    Raises:
+        InvalidArgument: it may not.
+
+    """
+    if (
+        not isinstance(name, str)
+        or not 1 <= len(name) <= MAX_OPERATOR_NAME_CHARS
+        or not name.isprintable()
+        or any(character.isspace() for character in name)
+        or name.startswith(RUN_IDENTITY_PREFIX)
+    ):
+        raise InvalidArgument(
+            f"an operator's name is 1 to {MAX_OPERATOR_NAME_CHARS} printable characters "
+            f"without spaces, not starting with {RUN_IDENTITY_PREFIX!r}"
+        )
+    return name
+
+
+def operator_line(name: str, token: str) -> str:
+    """The operators-file line of ``name`` with ``token``: ``name sha256:<hex>``.
+
+    Raises:
+        InvalidArgument: the name or the token is not usable.
+
+    """
+    check_operator_token(token)
+    return f"{check_operator_name(name)} {_SHA256_PREFIX}{_digest(token).hex()}"
+
+
+class Operators:
+    """Named operators and the SHA-256 digests of their tokens (never the tokens).
+
+    Build it with :meth:`from_tokens` or :meth:`parse`; :meth:`name_of` tells which
+    operator a token names.
+    """
+
+    def __init__(self, digests: Mapping[str, bytes]) -> None:
+        """Keep ``digests`` (operator name -> SHA-256 digest of the token).
 
         Raises:
-            InvalidArgument: the token is under 16 bytes, longer than 512 characters, or
-                holds whitespace or control characters (:func:`check_operator_token`).
+            InvalidArgument: no operator, a name that is not usable, a digest that is not
+                32 bytes, or two operators with one token.
 
         """
-        check_operator_token(token)
-        self._token_sha256 = _digest(token)
-        self._key = secrets.token_bytes(32)
-        self._ttl_s = session_ttl_s
-        self._sessions: OrderedDict[str, float] = OrderedDict()
+        if not digests:
+            raise InvalidArgument("no operator is named")
+        for name, digest in digests.items():
+            check_operator_name(name)
+            if len(digest) != hashlib.sha256().digest_size:
+                raise InvalidArgument(f"operator {name!r}: not a SHA-256 digest")
+        if len(set(digests.values())) != len(digests):
+            raise InvalidArgument("two operators have the same token: each needs its own")
+        self._digests = dict(digests)
 
     def __repr__(self) -> str:
-        return "OperatorAuth(<token hidden>)"
+        return f"Operators({sorted(self._digests)!r}, <tokens hidden>)"
+
+    @property
+    def names(self) -> list[str]:
+        """The operators' names, sorted."""
+        return sorted(self._digests)
+
+    @classmethod
+    def from_tokens(cls, tokens: Mapping[str, str]) -> Operators:
+        """Operators named by ``tokens`` (name -> token), each token checked and hashed.
+
+        Raises:
+            InvalidArgument: a token is under 16 bytes, over 512 characters or holds
+                whitespace or control characters (:func:`check_operator_token`), or as
+                :class:`Operators`.
+
+        """
+        for token in tokens.values():
+            check_operator_token(token)
+        return cls({name: _digest(token) for name, token in tokens.items()})
+
+    @classmethod
+    def parse(cls, text: str) -> Operators:
+        """Operators from an operators file: one ``name sha256:<64 hex>`` per line.
+
+        Blank lines and lines starting with ``#`` are skipped. ``canon operators add``
+        writes such lines; the file never holds a token.
+
+        Raises:
+            InvalidArgument: a line is not ``name sha256:<hex>`` (its number is named), a
+                name appears twice, or as :class:`Operators`.
+
+        """
+        digests: dict[str, bytes] = {}
+        for number, line in enumerate(text.splitlines(), start=1):
+            stripped = line.strip()
+            if not stripped or stripped.startswith("#"):
+                continue
+            parts = stripped.split()
+            digest = _parse_digest(parts[1]) if len(parts) == 2 else None
+            if digest is None:
+                raise InvalidArgument(
+                    f"line {number}: expected 'name sha256:<64 hex digits>' "
+                    "(make one with: canon operators add NAME)"
+                )
+            if parts[0] in digests:
+                raise InvalidArgument(f"line {number}: operator {parts[0]!r} is named twice")
+            digests[parts[0]] = digest
+        return cls(digests)
+
+    def name_of(self, token: str | None) -> str | None:
+        """The operator ``token`` names, or None.
+
+        Every operator's digest is compared, in constant time each, so how long it takes
+        says nothing of which operator (if any) was close.
+        """
+        if token is None or len(token) > _MAX_TOKEN_CHARS:
+            return None
+        digest = _digest(token)
+        found: str | None = None
+        for name, expected in self._digests.items():
+            if hmac.compare_digest(digest, expected):
+                found = name
+        return found
+
+
+def _parse_digest(text: str) -> bytes | None:
+    """The 32 bytes ``sha256:<64 lowercase hex>`` spells, or None."""
+    if not text.startswith(_SHA256_PREFIX):
+        return None
+    hex_part = text[len(_SHA256_PREFIX) :]
+    if len(hex_part) != 64 or any(c not in "0123456789abcdef" for c in hex_part):
+        return None
+    return bytes.fromhex(hex_part)
+
+
+class OperatorAuth:
+    """Checks operators' tokens and the sessions of the logins they made."""
+
+    def __init__(self, operators: Operators | str, *, session_ttl_s: float = SESSION_TTL_S) -> None:
+        """Check tokens against ``operators`` (one token: one operator, ``operator``).
+
+        Raises:
+            InvalidArgument: the one token is under 16 bytes, longer than 512 characters,
+                or holds whitespace or control characters (:func:`check_operator_token`).
+
+        """
+        if isinstance(operators, str):
+            operators = Operators.from_tokens({DEFAULT_OPERATOR: operators})
+        self._operators = operators
+        self._key = secrets.token_bytes(32)
+        self._ttl_s = session_ttl_s
+        self._sessions: OrderedDict[str, tuple[float, str]] = OrderedDict()
+
+    def __repr__(self) -> str:
+        return f"OperatorAuth({self._operators!r})"
 
     @property
     def session_ttl_s(self) -> float:
         """How long a login lasts, in seconds."""
         return self._ttl_s
 
+    @property
+    def operators(self) -> Operators:
+        """The operators whose tokens are accepted."""
+        return self._operators
+
+    def operator_of(self, token: str | None) -> str | None:
+        """The operator ``token`` names, or None (constant-time comparisons)."""
+        return self._operators.name_of(token)
+
     def check_token(self, token: str | None) -> bool:
-        """Tell whether ``token`` is the operator token (constant-time comparison)."""
-        if token is None or len(token) > _MAX_TOKEN_CHARS:
-            return False
-        return hmac.compare_digest(_digest(token), self._token_sha256)
+        """Tell whether ``token`` is an operator's token (constant-time comparisons)."""
+        return self.operator_of(token) is not None
 
     def _mac(self, session_id: str) -> str:
         return hmac.new(self._key, session_id.encode(), hashlib.sha256).hexdigest()
@@ -126,10 +283,10 @@ class OperatorAuth:
         # Another message under the same key: never equal to the cookie's MAC.
         return hmac.new(self._key, b"csrf\0" + session_id.encode(), hashlib.sha256).hexdigest()
 
-    def start_session(self) -> str:
-        """Start a session; return the cookie value that names it."""
+    def start_session(self, operator: str) -> str:
+        """Start a session of ``operator``; return the cookie value that names it."""
         session_id = secrets.token_urlsafe(24)
-        self._sessions[session_id] = time.monotonic() + self._ttl_s
+        self._sessions[session_id] = (time.monotonic() + self._ttl_s, operator)
         while len(self._sessions) > MAX_SESSIONS:
             self._sessions.popitem(last=False)
         return f"{session_id}.{self._mac(session_id)}"
@@ -140,10 +297,10 @@ class OperatorAuth:
         session_id, _, mac = cookie.partition(".")
         if not _same(mac, self._mac(session_id)):
             return None
-        expires = self._sessions.get(session_id)
-        if expires is None:
+        session = self._sessions.get(session_id)
+        if session is None:
             return None
-        if expires <= time.monotonic():
+        if session[0] <= time.monotonic():
             del self._sessions[session_id]
             return None
         return session_id
@@ -151,6 +308,11 @@ class OperatorAuth:
     def check_session(self, cookie: str | None) -> bool:
         """Tell whether the cookie names a live session of this process."""
         return self._session_id(cookie) is not None
+
+    def session_operator(self, cookie: str | None) -> str | None:
+        """The operator of the live session the cookie names, or None."""
+        session_id = self._session_id(cookie)
+        return None if session_id is None else self._sessions[session_id][1]
 
     def end_session(self, cookie: str | None) -> None:
         """Forget the session the cookie names (logging out); nothing if it names none."""
@@ -261,7 +423,8 @@ class OperatorGate:
     def __init__(self, auth: OperatorAuth, throttle: LoginThrottle | None = None) -> None:
         """Check tokens with ``auth``, limiting failures with ``throttle`` (else a new one)."""
         self.auth = auth
-        self.throttle = throttle or LoginThrottle()
+        # Not `throttle or ...`: a throttle remembering no client yet has len() 0.
+        self.throttle = throttle if throttle is not None else LoginThrottle()
 
     def __repr__(self) -> str:
         return f"OperatorGate({self.throttle!r})"
@@ -270,19 +433,19 @@ class OperatorGate:
         """Whole seconds until ``client`` may try a token again; 0 when it may now."""
         return self.throttle.retry_after_s(client)
 
-    def check(self, token: str, client: str) -> tuple[bool, int]:
-        """Whether ``client``'s ``token`` is the operator token, and the seconds to wait.
+    def check(self, token: str, client: str) -> tuple[str | None, int]:
+        """The operator ``client``'s ``token`` names (None: none), and the seconds to wait.
 
         The seconds are those the client must wait before trying a token (0: none): a client
-        past its limit gets ``(False, seconds)`` without its token being looked at. A wrong
+        past its limit gets ``(None, seconds)`` without its token being looked at. A wrong
         token is not counted here: the caller decides whether it was a guess
         (:meth:`failed`); a run's own token sent to an operator route is none.
         """
         if could_be_token(token):
             wait_s = self.throttle.retry_after_s(client)
             if wait_s:
-                return False, wait_s
-        return self.auth.check_token(token), 0
+                return None, wait_s
+        return self.auth.operator_of(token), 0
 
     def failed(self, client: str, token: str) -> None:
         """Count a wrong ``token`` from ``client``; log each time it leaves the client limited.

@@ -5,9 +5,15 @@ many calls a run holds: the run's time is cut into :data:`COLUMNS` equal columns
 stack of the calls created in it, coloured by outcome, with the run's refusals as ticks
 under the axis; a column links to the table page holding its first call. The *bars* are
 the calls of the table page shown: a bar starts at the call's creation and ends at its
-terminal event (or now, while it is in flight), on one time axis shared by those calls;
-its colour says status and evidence, its label (cut to fit, with an ellipsis) and hover
-title say tool, duration and code.
+terminal event, on one time axis shared by those calls; its colour says status and
+evidence, its label (cut to fit, with an ellipsis) and hover title say tool, duration and
+code.
+
+Both axes span what was recorded, never the wall clock: from the first call (or refusal)
+to the latest event written. A run still open, or a call waiting for an operator for an
+hour, would otherwise stretch the axis to *now*, and 3,000 calls made in two seconds
+would collapse into one column. A call in flight runs to the axis's end, its title
+saying for how long so far.
 """
 
 from __future__ import annotations
@@ -124,12 +130,18 @@ def duration_text(ms: int) -> str:
 
 
 def outcome(row: CallRow) -> str:
-    """What the call ended with: its error code, evidence status, or ``in flight``."""
+    """What the call ended with: its error code, evidence status, or where it stands.
+
+    A call not ended is ``in flight`` while its process runs it, else its stage (awaiting
+    approval, approved, attempted, abandoned).
+    """
     if row.status == "ERROR":
         return row.error_code or "ERROR"
     if row.status == "READY":
         return row.evidence_status or "READY"
-    return "in flight"
+    if row.phase in ("", "dispatching"):
+        return "in flight"
+    return row.phase.replace("_", " ")
 
 
 def fitted(label: str, chars: int = LABEL_CHARS) -> str:
@@ -137,19 +149,27 @@ def fitted(label: str, chars: int = LABEL_CHARS) -> str:
     return label if len(label) <= chars else label[: chars - 1] + "…"
 
 
+def recorded_at_ms(row: CallRow) -> int:
+    """The latest time the call's record says something happened.
+
+    Its terminal event, else its latest event, else its creation.
+    """
+    return max(row.finished_at_ms or row.last_event_at_ms or 0, row.created_at_ms)
+
+
 def overview(
     rows: Sequence[CallRow],
     refused_at_ms: Sequence[int],
-    now_ms: int,
     *,
     per_page: int,
     iso: Callable[[int], str],
 ) -> Overview:
     """Stack the run's calls (oldest first) by creation time into columns, refusals as ticks.
 
-    The axis runs from the first call or refusal to the last call's end (now, while one is
-    in flight) or the last refusal. A column's height is its count over the fullest
-    column's; ``iso`` writes a column's times in its title.
+    The axis runs from the first call or refusal to the latest event recorded (a call's
+    end, its latest event while in flight, or the last refusal), never to the wall clock.
+    A column's height is its count over the fullest column's; ``iso`` writes a column's
+    times in its title.
     """
     plot = WIDTH - 8
     starts = [row.created_at_ms for row in rows] + list(refused_at_ms)
@@ -164,7 +184,7 @@ def overview(
             start_ms=0,
         )
     start = min(starts)
-    ends = [row.finished_at_ms or max(now_ms, row.created_at_ms) for row in rows]
+    ends = [recorded_at_ms(row) for row in rows]
     span = max(max(ends + list(refused_at_ms)) - start, 1)
     slice_ms = span / COLUMNS
     counts: list[dict[str, int]] = [{} for _ in range(COLUMNS)]
@@ -213,23 +233,28 @@ def overview(
 
 
 def layout(rows: Sequence[CallRow], now_ms: int) -> Timeline:
-    """Place one bar per call on a time axis from the first creation to the last end."""
+    """Place one bar per call on a time axis from the first creation to the latest event.
+
+    A call in flight runs to the axis's end; its label and title give how long it has
+    been in flight at ``now_ms``.
+    """
     if not rows:
         return Timeline(bars=[], width=WIDTH, height=TOP, label_width=LABEL_WIDTH, span_ms=0)
     start = min(row.created_at_ms for row in rows)
-    ends = [row.finished_at_ms or max(now_ms, row.created_at_ms) for row in rows]
-    span = max(max(ends) - start, 1)
+    span = max(max(recorded_at_ms(row) for row in rows) - start, 1)
+    ends = [row.finished_at_ms if row.finished_at_ms is not None else start + span for row in rows]
     scale = (WIDTH - LABEL_WIDTH - 8) / span
     bars = []
     for index, (row, end) in enumerate(zip(rows, ends, strict=True)):
-        took = max(end - row.created_at_ms, 0)
-        shown = outcome(row)
+        finished = row.finished_at_ms is not None
+        took = max((end if finished else max(now_ms, end)) - row.created_at_ms, 0)
+        shown = outcome(row) if finished else f"{outcome(row)} (so far)"
         bars.append(
             Bar(
                 invocation_id=row.invocation_id,
                 x=LABEL_WIDTH + (row.created_at_ms - start) * scale,
                 y=TOP + index * ROW_HEIGHT,
-                width=max(took * scale, MIN_BAR),
+                width=max((end - row.created_at_ms) * scale, MIN_BAR),
                 fill=colour(row),
                 label=fitted(f"{row.tool} · {duration_text(took)} · {shown}"),
                 title=f"{row.tool_call_id}: {row.tool}, {duration_text(took)}, {shown}",

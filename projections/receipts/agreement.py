@@ -42,10 +42,10 @@ from typing import Final
 from msgspec import UNSET, UnsetType
 
 from eventstore.reader import StoredEvent
+from eventstore.sealing import is_sealed, sealed_size_matches
 from machine.codes import Status
 from machine.events import (
     EVENT_CLASSES,
-    EVENT_TYPES,
     ApprovalExpired,
     Completed,
     Denied,
@@ -54,10 +54,12 @@ from machine.events import (
     payload_digest,
 )
 from machine.lifecycle import STATUS_OF, TRANSITIONS
+from machine.phases import MAX_JOURNAL_EVENTS
 
-#: Events a stream may hold at most; a read of the stream asks for one more, so a longer
-#: (tampered) stream shows as too long without being read whole.
-MAX_EVENTS: Final = len(EVENT_TYPES)
+#: Events a stream may hold at most (a call's journal is bounded: see
+#: :data:`machine.phases.MAX_JOURNAL_EVENTS`); a read of the stream asks for one more, so
+#: a longer (tampered) stream shows as too long without being read whole.
+MAX_EVENTS: Final = MAX_JOURNAL_EVENTS
 STREAM_READ_COUNT: Final = MAX_EVENTS + 1
 
 _STATUS_VALUES: Final = frozenset(status.value for status in Status)
@@ -94,6 +96,9 @@ def _result_disagreement(
         return None
     if recorded != (digest, str(size)):
         return "result_digest_mismatch"
+    if stored_result and result is not None and is_sealed(result):
+        # Encrypted at rest: a receipt never opens it; its size is what can be checked.
+        return None if sealed_size_matches(result, size) else "result_digest_mismatch"
     if stored_result and (
         result is None or len(result) != size or payload_digest(result) != digest
     ):

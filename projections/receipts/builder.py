@@ -72,11 +72,27 @@ class Approval(msgspec.Struct, frozen=True):
     approval_id: str | UnsetType = UNSET
 
 
+class ReceiptSettlement(msgspec.Struct, frozen=True, kw_only=True):
+    """How a call whose process died was settled, as its receipt says.
+
+    ``outcome`` is ``executed`` (it ran: its raw response was projected, or an operator
+    said so), ``not_executed`` (it did not run) or ``abandoned`` (an ungoverned call
+    nobody retried); ``settled_by`` an operator's name, ``hook:<tool>``, ``journal`` (its
+    raw response was recorded) or ``sweep``; ``evidence_sha256`` the digest of the
+    evidence kept beside it (never the evidence itself).
+    """
+
+    settled_by: str
+    outcome: str
+    evidence_sha256: str | None = None
+
+
 class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     """A read-only observation of one invocation (schema ``canon.invocation-receipt.v1``).
 
     ``business_operation_performed`` describes the read that produced the receipt, which
     never runs anything; it does not claim that the original call never ran.
+    ``settlement`` is there only for a call settled after its process died.
     """
 
     schema_version: str = RECEIPT_SCHEMA
@@ -94,6 +110,7 @@ class Receipt(msgspec.Struct, frozen=True, kw_only=True):
     journal_state: JournalState
     evidence_status: EvidenceStatus
     expires_at: str | None
+    settlement: ReceiptSettlement | UnsetType = UNSET
 
 
 _encoder: Final = msgspec.json.Encoder()
@@ -162,6 +179,25 @@ def approval_of(state: InvocationState | None) -> Approval:
     else:
         status = "approved"
     return Approval(status=status, approval_id=state.approval_id)
+
+
+def settlement_of(state: InvocationState | None) -> ReceiptSettlement | UnsetType:
+    """How a call whose process died was settled (``UNSET`` for any other call)."""
+    if state is None or state.settled_by is None:
+        return UNSET
+    code = state.error_code
+    outcome = (
+        "not_executed"
+        if code is ErrorCode.RECONCILED_NOT_EXECUTED
+        else "abandoned"
+        if code is ErrorCode.ABANDONED
+        else "executed"
+    )
+    return ReceiptSettlement(
+        settled_by=state.settled_by,
+        outcome=outcome,
+        evidence_sha256=state.settlement_evidence_sha256,
+    )
 
 
 def _awaiting(state: InvocationState) -> dict[str, Any]:
@@ -322,4 +358,5 @@ def build_receipt(
         expires_at=iso_ms(view.expires_at_ms)
         if view is not None and view.expires_at_ms is not None
         else None,
+        settlement=settlement_of(state) if journal is not JournalState.UNKNOWN else UNSET,
     )

@@ -25,7 +25,12 @@ from projections.receipts.agreement import STREAM_READ_COUNT, disagreement
 from projections.receipts.builder import Receipt, decode_receipt, iso_ms
 from projections.receipts.journal import JournalState
 from projections.receipts.projection import RECEIPT_PROJECTION
-from projections.receipts.snapshot import RECEIPT_FIELDS, receipt_of, receipt_snapshot_of
+from projections.receipts.snapshot import (
+    RECEIPT_FIELDS,
+    receipt_of,
+    receipt_snapshot_of,
+    with_shared_result,
+)
 
 #: Journal states that do not turn into ``uncertain`` as time passes.
 _SETTLED: Final = frozenset(
@@ -64,6 +69,7 @@ async def _current_receipt(
     snapshot = receipt_snapshot_of(values, entries, now_ms())
     if not snapshot.fields:
         return None
+    snapshot = await with_shared_result(store, run_id, tool_call_id, snapshot)
     if (
         body is not None
         and stored_version == snapshot.fields.get("version")

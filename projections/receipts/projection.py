@@ -20,6 +20,7 @@ from typing import Final, Unpack, cast
 
 from eventstore.errors import redis_errors
 from eventstore.store import Store
+from eventstore.wire import faults
 from eventstore.writer import now_ms
 from machine.ids import invocation_id
 from projections.base import (
@@ -35,6 +36,7 @@ from projections.receipts.snapshot import (
     ReceiptSnapshot,
     receipt_of,
     receipt_snapshot_of,
+    with_shared_result,
 )
 from projections.scripts import (
     ReadSnapshotsScript,
@@ -111,6 +113,8 @@ class ReceiptProjection(BaseProjection):
             )
             built.append(entry)
         rest = settled_without_output(entries, {(e.shard, e.entry_id) for e in built}, expired)
+        if faults.ARMED:  # the crash-point tests kill a worker between its read and settle
+            faults.reached("before:receipts_put")
         reply = await self.scripts.receipts_put(
             ReceiptsPutScript.batch(
                 group=self.name,
@@ -144,7 +148,15 @@ class ReceiptProjection(BaseProjection):
             )
         )
         observed = now_ms()
-        return [receipt_snapshot_of(values, stream, observed) for values, stream in replies]
+        return [
+            await with_shared_result(
+                self.store,
+                entry.run_id,
+                entry.tool_call_id,
+                receipt_snapshot_of(values, stream, observed),
+            )
+            for entry, (values, stream) in zip(entries, replies, strict=True)
+        ]
 
     async def applied_version(self, run_id: str, tool_call_id: str) -> int:
         """Return the version of the materialized receipt (0 when there is none)."""

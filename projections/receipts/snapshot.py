@@ -18,6 +18,7 @@ from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.events import EVENT_TYPES
 from machine.fold import InvocationState
+from machine.results import SAME_AS_RAW
 from projections.receipts.builder import Receipt, build_receipt
 from projections.receipts.journal import view_of_fields
 
@@ -72,7 +73,31 @@ async def read_receipt_snapshot(store: Store, run_id: str, tool_call_id: str) ->
         pipe.hmget(keys.record(run_id, tool_call_id), list(RECEIPT_FIELDS))
         pipe.xrange(keys.stream(run_id, tool_call_id))
         values, entries = await pipe.execute()
-    return receipt_snapshot_of(values, entries, now_ms())
+    snapshot = receipt_snapshot_of(values, entries, now_ms())
+    return await with_shared_result(store, run_id, tool_call_id, snapshot)
+
+
+async def with_shared_result(
+    store: Store, run_id: str, tool_call_id: str, snapshot: ReceiptSnapshot
+) -> ReceiptSnapshot:
+    """``snapshot``, its result read from ``raw`` when it was stored once there.
+
+    One more read, only for such a record (a large result equal to its raw response,
+    :data:`~machine.results.SAME_AS_RAW`); the raw response is written before the result
+    and never changes, so the two reads agree. A record gone meanwhile keeps the marker,
+    which no digest matches: its receipt says the record and journal disagree.
+
+    Raises:
+        StoreUnavailable: Redis failed or timed out.
+
+    """
+    if snapshot.fields.get("result") != SAME_AS_RAW:
+        return snapshot
+    async with redis_errors():
+        raw = await store.client.hget(store.keys.record(run_id, tool_call_id), "raw")
+    if raw is None:
+        return snapshot
+    return msgspec.structs.replace(snapshot, fields={**snapshot.fields, "result": raw})
 
 
 def receipt_snapshot_of(

@@ -3,8 +3,9 @@
 An entry whose projection raises is left pending, so it comes back (to this consumer's
 next drain or to whoever claims it once idle); past ``max_deliveries`` it is moved to
 the shard's dead-letter stream with the last error type seen, and acknowledged. The
-error type is also kept in Redis beside the delivery (:mod:`projections.worker.failures`), so a
-consumer that takes over a killed one's entry still dead-letters it with its reason.
+error type is also kept in Redis beside the delivery
+(:mod:`projections.worker.failure_reasons`), so a consumer that takes over a killed
+one's entry still dead-letters it with its reason.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from eventstore.logs import get_logger
 from eventstore.writer import Head
 from projections.feed import BatchProjection, FeedEntry, FeedProjection, MalformedEntry, Outcome
 from projections.metrics import Metrics
-from projections.worker.failures import FailureLog
+from projections.worker.failure_reasons import FailureLog
 from projections.worker.groups import Entry
 
 log = get_logger("canon.projections")

@@ -13,9 +13,9 @@ import time
 from collections.abc import Callable
 from typing import Any, Final
 
-import structlog
+from eventstore.logs import get_logger
 
-log = structlog.get_logger("canon.projections")
+log = get_logger("canon.projections")
 
 #: The first pause after a failed read, in seconds.
 FIRST_PAUSE_S: Final = 0.25

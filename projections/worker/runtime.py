@@ -29,7 +29,7 @@ from eventstore.writer import Head
 from projections.feed import FeedProjection
 from projections.generations import Generational, current_generation
 from projections.metrics import Metrics
-from projections.worker.failures import FailureLog
+from projections.worker.failure_reasons import FailureLog
 from projections.worker.groups import (
     Entry,
     GroupMissing,
@@ -221,13 +221,21 @@ class Worker:
         idle consumer per restart. A consumer with pending entries is kept: deleting it
         would drop them.
         """
+        kept: list[int] = []
         for shard in self.shards:
             try:
                 await retire_consumer(
                     self.store.client, self.store.keys.feed(shard), self.name, self.consumer
                 )
             except StoreUnavailable:
-                log.warning("consumer_not_retired", projection=self.name, shard=shard)
+                kept.append(shard)
+        if kept:  # one line for them all: a worker stopped while Redis is down has many
+            log.warning(
+                "consumer_not_retired",
+                projection=self.name,
+                shards=len(kept),
+                first_shard=kept[0],
+            )
 
     async def _burst_shard(self, shard: int) -> None:
         await self._drain_own(shard)

@@ -1,6 +1,6 @@
 """A real three-master Redis Cluster on loopback ports, for the cluster suite.
 
-The cluster itself (nodes, forming, stopping) is :mod:`eventstore.server.embedded_cluster`, which
+The cluster itself (nodes, forming, stopping) is :mod:`canon.bench.embedded_cluster`, which
 the benchmark uses too; this adds what the suite asks of it: who owns which slot, and
 ``redis-cli --cluster reshard`` to move slots between masters, as an operator would.
 """
@@ -12,7 +12,7 @@ import re
 import time
 from dataclasses import dataclass
 
-from eventstore.server.embedded_cluster import (
+from canon.bench.embedded_cluster import (
     ClusterNode,
     ClusterSetupError,
     EmbeddedCluster,

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import AsyncIterator
+from datetime import timedelta
 from typing import Any
 
 import pytest
@@ -23,6 +24,7 @@ from tests.faults.proxy import CuttingProxy
 from tests.helpers import record_fields
 from tests.support.calls import RUN, TOOL, envelope, open_run, outcome
 from tests.support.tools import FakeTool
+from tests.support.waiting import wait_for
 
 
 @pytest.fixture
@@ -149,3 +151,47 @@ async def test_a_failure_event_survives_a_killed_connection(cut: Any) -> None:
     assert (head.version, head.entry_id) == (2, "")
     await assert_exactly_once(admin, store, "cut-3", ["Preflighted", "Failed"])
     assert await admin.lrange(store.keys.progress(RUN), 0, -1) == [f"{RUN}:cut-3".encode()]
+
+
+async def test_a_creation_resent_after_its_record_expired_is_expired_not_a_duplicate(
+    start_server: Any, proxy_to: Any, namespace: str
+) -> None:
+    """A creation's reply is held until its short-lived record has expired, then its
+    connection is killed: the retry re-sends the same event, which finds the record gone and
+    the run naming this very event. The agent is told RECORD_EXPIRED (an id it used once is
+    no duplicate), the tool never runs and the budget is spent once; a second call of the
+    id is still a duplicate."""
+    server: EmbeddedRedis = start_server()
+    proxy, port = await proxy_to(server.port)
+    admin = Redis.from_url(server.url)
+    url = f"redis://127.0.0.1:{port}/0"
+    store = Store.from_url(url, namespace=namespace, shards=4, ttl=timedelta(milliseconds=200))
+    try:
+        async with store:
+            await open_run(store)
+            create = Scripts(store.client).create  # loaded: the lost reply is the script's
+            assert await admin.script_load(create.source) == create.sha
+            tool = FakeTool()
+            boundary = ToolBoundary(store, {TOOL: tool.spec()})
+            proxy.arm(lambda chunk: b"EVALSHA" in chunk and b"cut-4" in chunk)
+            call = asyncio.create_task(boundary.invoke(RunContext(RUN), envelope("cut-4")))
+            await asyncio.wait_for(proxy.reply_held.wait(), 10)
+            record = store.keys.invocation(RUN, "cut-4").record
+            await wait_for(lambda: admin.exists(record), timeout_s=10)  # created ...
+            await wait_for(lambda: _gone(admin, record), timeout_s=10)  # ... and expired
+            await kill_held_connection(proxy, admin)
+            reply = await asyncio.wait_for(call, 10)
+
+            assert outcome(reply) == ErrorCode.RECORD_EXPIRED.value and tool.executed == 0
+            assert len(proxy.forwarded) == 2 and proxy.forwarded[0] == proxy.forwarded[1]
+            info = await store.run_info(RUN)
+            assert info is not None and info.used_total == 1
+            again = await boundary.invoke(RunContext(RUN), envelope("cut-4"))
+            assert outcome(again) == ErrorCode.DUPLICATE_TOOL_CALL.value
+    finally:
+        await admin.aclose()
+
+
+async def _gone(admin: Redis, key: str) -> bool:
+    """Whether ``key`` no longer exists (EXISTS expires a key past its time)."""
+    return await admin.exists(key) == 0

@@ -192,11 +192,13 @@ async def test_soak_reconciles(
     seed = int(os.environ.get("CANON_SOAK_SEED", random.randrange(2**32)))
     rng = random.Random(seed)
     started = time.monotonic()
+    # 128 calls in flight beside two worker processes and the suite's other workers on two
+    # cores: a command may wait seconds for a core, which the soak is not about (the
+    # default bound answers STORE_UNAVAILABLE past 2 s, as it should).
+    options: dict[str, Any] = {"namespace": namespace, "shards": SHARDS, "timeout_s": 30.0}
     stores = {
-        "long": Store.from_url(
-            server.url, namespace=namespace, shards=SHARDS, ttl=timedelta(hours=1)
-        ),
-        "short": Store.from_url(server.url, namespace=namespace, shards=SHARDS, ttl=SHORT_TTL),
+        "long": Store.from_url(server.url, ttl=timedelta(hours=1), **options),
+        "short": Store.from_url(server.url, ttl=SHORT_TTL, **options),
     }
     async with stores["long"] as store, stores["short"]:
         runs = {

@@ -39,7 +39,20 @@ T0 = 1_700_000_000_000
 
 #: State fields newer than the first fixtures: left out of an expected file while None, so
 #: the files of histories that never set them keep their bytes.
-LATER_FIELDS = ("failure_detail_sha256", "failure_detail_bytes")
+LATER_FIELDS = (
+    "failure_detail_sha256",
+    "failure_detail_bytes",
+    "requested_by",
+    "approvals_required",
+    "approval_count",
+    "retry_of",
+    "retried_by",
+    "lapsed_at_ms",
+    "attempt",
+    "settled_by",
+    "settlement_evidence_sha256",
+    "settlement_evidence_bytes",
+)
 
 
 def render_state(lines: list[bytes]) -> bytes:
@@ -216,4 +229,12 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    import sys
+
+    # Run as a script: the repository root, for the fixtures' legacy upcaster
+    # (tests/conftest.py registers it for the test session).
+    sys.path.insert(0, str(HERE.parents[1]))
+    from tests.support.legacy_schema import register_legacy_upcaster
+
+    register_legacy_upcaster()
     main()

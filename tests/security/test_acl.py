@@ -18,6 +18,7 @@ from redis.asyncio import Redis
 
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
+from eventstore.audit.waiting import sweep_expired
 from eventstore.errors import AccessDenied
 from eventstore.server.embedded import EmbeddedRedis, ServerBinary
 from machine.codes import EvidenceStatus
@@ -25,6 +26,7 @@ from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app, read_view
 from projections.worker.supervisor import run_workers
 from tests.support.calls import RUN, TOOL, envelope, outcome
+from tests.support.left_calls import until_lapsed
 from tests.support.log_scan import forbid_in_logs
 from tests.support.tools import FakeTool
 
@@ -171,6 +173,42 @@ async def test_writer_runs_the_boundary_end_to_end(server: EmbeddedRedis, admin:
         assert await denials(admin) == []
         xreadgroup = ("XREADGROUP", "GROUP", "receipts", "c", "STREAMS", "canon:{s00}:feed", ">")
         await assert_refused(store.client, [*NEVER_ALLOWED, xreadgroup])
+    finally:
+        await store.aclose()
+
+
+async def test_writer_reconciles_settles_and_pauses_without_a_denial(
+    server: EmbeddedRedis, admin: Redis
+) -> None:
+    """As the writer: a call left by a process that died is swept (the reconcile lists the
+    runs and their calls), another settled by an operator, the run paused twice and
+    unpaused, the expired approvals swept, a takeover refused in the paused run: not one
+    denial."""
+    store = Store.from_url(
+        url_of(server, "canon-writer"),
+        shards=4,
+        durability="strict",
+        lease=timedelta(milliseconds=200),
+    )
+    await store.__aenter__()
+    try:
+        await store.open_run(RUN, deadline=timedelta(minutes=5))
+        for call in ("left-1", "left-2"):
+            await store.writer.create(RUN, call, TOOL, b"{}")
+        for call in ("left-1", "left-2"):
+            await until_lapsed(store, RUN, call)
+        assert await store.pause_run(RUN, by="ops", reason="incident")
+        again = await store.decisions.set_run_paused(RUN, True, by="ops", reason="again")
+        assert again is not None and not again.changed
+        settled = await store.settle(RUN, "left-1", executed=False, by="ops", evidence="none")
+        assert settled.made_now
+        report = await ToolBoundary(store, {TOOL: FakeTool().spec()}).reconcile(
+            RUN, grace=timedelta(0)
+        )
+        assert [(c.tool_call_id, c.outcome) for c in report.calls] == [("left-2", "abandoned")]
+        assert await store.unpause_run(RUN, by="ops", reason="over")
+        await sweep_expired(store)
+        assert await denials(admin) == []
     finally:
         await store.aclose()
 

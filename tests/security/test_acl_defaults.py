@@ -20,8 +20,8 @@ from structlog.testing import capture_logs
 
 from canon.cli import main as canon_main
 from eventstore import RunContext, Store, ToolBoundary
+from eventstore.server.config_checks import REDIS_DEFAULTS
 from eventstore.server.embedded import EmbeddedRedis, ServerBinary
-from eventstore.server.settings import REDIS_DEFAULTS
 from machine.codes import EvidenceStatus
 from machine.ids import invocation_id
 from projections import ProgressWorker, ReceiptWorker, create_app, read_view

@@ -23,7 +23,7 @@ from machine.codes import Stage
 from machine.ids import invocation_id
 from projections import create_app
 from projections.console import Console, OperatorAuth
-from tests.integration.test_http_serve import free_port, spawn, until  # noqa: F401 (fixture)
+from tests.integration.receipts.test_serve import free_port, spawn, until  # noqa: F401 (fixture)
 from tests.security.test_acl import (  # noqa: F401 (fixtures)
     admin,
     denials,
@@ -178,6 +178,7 @@ async def test_a_decision_served_as_the_reader_is_named_an_acl_denial(
         b'{"amount":5}',
         approval_id=new_approval_id(),
         approval_expires_at_ms=now_ms() + 600_000,
+        requested_by="agent",
     )
     reader = Store.from_url(url_of(server, READER), shards=4, read_only=True)
     try:

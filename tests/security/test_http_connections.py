@@ -20,7 +20,7 @@ from eventstore.store import Store
 from projections.connections import ConnectionLimits
 from projections.worker.supervisor import ReceiptServer
 from tests.helpers import wait_until
-from tests.integration.test_http_serve import free_port, spawn, until  # noqa: F401 (fixture)
+from tests.integration.receipts.test_serve import free_port, spawn, until  # noqa: F401 (fixture)
 
 CAPS = "/v1/invocations/inspection-capabilities"
 RUN = "run-c"

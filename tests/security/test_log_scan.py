@@ -19,7 +19,7 @@ import pytest
 import structlog
 from structlog.testing import capture_logs
 
-from canon.logs import configure_logging
+from canon.logging_setup import configure_logging
 from tests.support.log_scan import LOG_SCAN, forbid_in_logs, probe_scan
 
 MARKER = "LOGSCAN-SELFTEST-7c1e"

@@ -112,3 +112,33 @@ class CountingSearch:
         """Return the raw hits."""
         self.runs += 1
         return {"hits": [f"{arguments['q']} policy"], "internal": "raw row 42"}
+
+
+class Refunds:
+    """A governed refund that counts its runs, beside the knowledge base's search."""
+
+    def __init__(self) -> None:
+        self.done: list[dict[str, Any]] = []
+
+    def specs(self) -> dict[str, ToolSpec]:
+        def refund(arguments: dict[str, Any], call: ToolCall) -> Any:
+            self.done.append(arguments)
+            return {"refunded": arguments["amount"]}
+
+        return {
+            **KnowledgeBase().specs(),
+            "refund": ToolSpec(
+                executor=refund,
+                projector=lambda raw, call: Projection(
+                    result=raw, evidence_status="EVIDENCE_FOUND"
+                ),
+                read_only=False,
+                approval=True,
+                description="Refund an order.",
+                input_schema={
+                    "type": "object",
+                    "properties": {"amount": {"type": "integer"}, "to": {"type": "string"}},
+                    "required": ["amount", "to"],
+                },
+            ),
+        }

@@ -54,13 +54,17 @@ def browser() -> Iterator[webdriver.Chrome]:
         shutil.rmtree(profile, ignore_errors=True)
 
 
-def screenshot(driver: webdriver.Chrome, name: str, *, whole: bool = True) -> pathlib.Path:
+def screenshot(
+    driver: webdriver.Chrome, name: str, *, whole: bool = True, keep_scroll: bool = False
+) -> pathlib.Path:
     """Save the page as ``.artifacts/console/<name>.png``: the whole page (as tall as its
-    content), or what a 1280x900 window shows of its top; print where it went."""
+    content), or what a 1280x900 window shows of its top (with ``keep_scroll``, of where
+    it is scrolled to, the window left as it is); print where it went."""
     ARTIFACTS.mkdir(parents=True, exist_ok=True)
     path = ARTIFACTS / f"{name}.png"
     height = driver.execute_script("return document.documentElement.scrollHeight")
-    driver.set_window_size(1280, max(int(height) + 40, 600) if whole else 900)
+    if not keep_scroll:
+        driver.set_window_size(1280, max(int(height) + 40, 600) if whole else 900)
     assert driver.save_screenshot(str(path)), name
     print(f"console screenshot: {path}")
     return path

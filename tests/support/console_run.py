@@ -18,11 +18,25 @@ from machine.codes import ErrorCode, EvidenceStatus
 from machine.ids import invocation_id
 from projections import create_app
 from projections.console import Console, OperatorAuth
+from projections.console.auth import Operators
 from projections.worker.supervisor import ReceiptServer
 from tests.support.waiting import wait_for
 
 RUN = "run-console"
+#: The console tests' operators, each with a token of their own; ana's is OPERATOR_TOKEN.
 OPERATOR_TOKEN = "operator-secret-token-for-tests"
+OPERATOR_TOKENS = {
+    "ana": OPERATOR_TOKEN,
+    "bo": "bo-operator-secret-token-for-tests",
+    "cy": "cy-operator-secret-token-for-tests",
+}
+
+
+def bearer(operator: str) -> dict[str, str]:
+    """The Authorization header of ``operator``'s token."""
+    return {"Authorization": f"Bearer {OPERATOR_TOKENS[operator]}"}
+
+
 FAILED_CALL = "c-failed"
 #: The failure detail of the failed call (the shape the boundary keeps).
 DETAIL = {
@@ -86,11 +100,11 @@ def csrf_of(html: str) -> str:
 async def serving(
     store: Store, *, console: bool = True, app: Console | None = None
 ) -> AsyncIterator[str]:
-    """Serve the store's API with the console (``app``, else one for OPERATOR_TOKEN; none
-    when ``console`` is false) and, as ``canon serve`` does, the decision routes under the
-    console's operator token; yields the base URL."""
+    """Serve the store's API with the console (``app``, else one for the operators of
+    OPERATOR_TOKENS; none when ``console`` is false) and, as ``canon serve`` does, the
+    decision routes under the operators' tokens; yields the base URL."""
     if app is None and console:
-        app = Console(store, OperatorAuth(OPERATOR_TOKEN))
+        app = Console(store, OperatorAuth(Operators.from_tokens(OPERATOR_TOKENS)))
     gate = app.gate if app is not None else None
     server = ReceiptServer(create_app(store, console=app, operator=gate))
     task = asyncio.create_task(server.serve())

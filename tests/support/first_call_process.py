@@ -13,7 +13,7 @@ import sys
 
 import msgspec
 
-from canon.logs import configure_logging
+from canon.logging_setup import configure_logging
 from eventstore import (
     Projection,
     RunContext,

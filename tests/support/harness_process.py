@@ -14,7 +14,7 @@ import sys
 
 import msgspec
 
-from canon.logs import configure_logging
+from canon.logging_setup import configure_logging
 from eventstore import Projection, RunContext, Store, ToolBoundary, ToolCall, ToolEnvelope, ToolSpec
 from eventstore.boundary.contracts import ToolResult
 

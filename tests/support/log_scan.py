@@ -112,7 +112,7 @@ _original_capture = structlog.testing.LogCapture.__call__
 
 
 def _configure_with_scan(*args: Any, **kwargs: Any) -> None:
-    # Whoever configures structlog in-process (canon.logs, a CLI run) keeps the scan.
+    # Whoever configures structlog in-process (canon.logging_setup, a CLI run) keeps the scan.
     if kwargs.get("processors") is not None:
         kwargs["processors"] = _with_scan(kwargs["processors"])
     _original_configure(*args, **kwargs)

@@ -5,20 +5,29 @@ over streamable HTTP on 127.0.0.1 (``/mcp``). Written with the SDK's low-level `
 from the scenarios' published expectations: tools with text, image, audio, embedded and
 mixed content, logging, progress, an error, sampling, elicitation (with defaults and
 enums), a raw JSON Schema 2020-12 input schema; static, binary, templated and
-subscribable resources; four prompts; completion; logging levels. The proxy's tests
-compare what a host sees directly and through ``canon mcp-proxy``.
+subscribable resources; four prompts; completion; logging levels; and, for 2026-07-28,
+InputRequiredResult tools and a prompt (one input request of each kind, several at once,
+several rounds, an HMAC-signed ``requestState`` that refuses tampering, requests limited
+to the capabilities the client declared). The proxy's tests compare what a host sees
+directly and through ``canon mcp-proxy``.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
 import logging
+import secrets
 import sys
+from collections.abc import Mapping
 from typing import Any
 
 import mcp_types as types
 from mcp.server.context import ServerRequestContext
 from mcp.server.lowlevel import Server
+from mcp.shared.exceptions import MCPError
 from mcp.shared.message import ServerMessageMetadata
 
 logging.disable(logging.CRITICAL)
@@ -34,11 +43,22 @@ SCHEMA_2020_12 = {
     "type": "object",
     "$defs": {
         "address": {
+            "$anchor": "addressDef",
             "type": "object",
             "properties": {"street": {"type": "string"}, "city": {"type": "string"}},
         }
     },
-    "properties": {"name": {"type": "string"}, "address": {"$ref": "#/$defs/address"}},
+    "properties": {
+        "name": {"type": "string"},
+        "address": {"$ref": "#/$defs/address"},
+        "contactMethod": {"type": "string", "enum": ["phone", "email"]},
+        "phone": {"type": "string"},
+        "email": {"type": "string"},
+    },
+    "allOf": [{"anyOf": [{"required": ["phone"]}, {"required": ["email"]}]}],
+    "if": {"properties": {"contactMethod": {"const": "phone"}}, "required": ["contactMethod"]},
+    "then": {"required": ["phone"]},
+    "else": {"required": ["email"]},
     "additionalProperties": False,
 }
 DEFAULTS_SCHEMA = {
@@ -139,6 +159,35 @@ TOOLS: list[dict[str, Any]] = [
         "inputSchema": SCHEMA_2020_12,
     },
     {"name": "test_roots", "description": "Lists the client's roots"},
+    *(
+        {
+            "name": f"test_input_required_result_{kind}",
+            "description": f"InputRequiredResult: {kind}",
+        }
+        for kind in (
+            "elicitation",
+            "sampling",
+            "list_roots",
+            "request_state",
+            "multiple_inputs",
+            "multi_round",
+            "tampered_state",
+            "capabilities",
+        )
+    ),
+    {"name": "test_missing_capability", "description": "Needs the client's sampling"},
+    {
+        "name": "test_custom_headers",
+        "description": "A parameter mirrored into an Mcp-Param header (2026-07-28)",
+        "inputSchema": {
+            "type": "object",
+            "properties": {"region": {"type": "string", "x-mcp-header": "Region"}},
+            "required": ["region"],
+        },
+    },
+    {"name": "test_reconnection", "description": "Answers after a pause (SSE polling)"},
+    {"name": "test_streaming_elicitation", "description": "Asks for input (2026-07-28)"},
+    {"name": "test_logging_tool", "description": "Logs only when the request opts in"},
     {
         "name": "test_large_text",
         "description": "Answers `size` bytes of text (large results, as file reads give)",
@@ -185,8 +234,30 @@ async def log(ctx: ServerRequestContext[Any], message: str) -> None:
 
 async def call_tool(
     ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
-) -> types.CallToolResult:
+) -> types.CallToolResult | types.InputRequiredResult:
     name, arguments = params.name, params.arguments or {}
+    if name.startswith("test_input_required_result_"):
+        return call_input_required(ctx, name.removeprefix("test_input_required_result_"))
+    if name == "test_missing_capability" and "sampling" not in declared(ctx):
+        # 2026-07-28: a request that needs a capability the client did not declare.
+        data = {"requiredCapabilities": {"sampling": {}}}
+        raise MCPError(-32021, "Missing required client capability: sampling", data)
+    if name == "test_missing_capability":
+        return result(text("sampling is declared"))
+    if name == "test_streaming_elicitation":
+        # An input request in the result, never a request on the response stream.
+        form = ask_form("What should the stream carry?", "answer")
+        return input_required({"answer": form})
+    if name == "test_custom_headers":
+        return result(text(f"region: {arguments.get('region')}"))
+    if name == "test_reconnection":
+        # Served without an event store, so the stream stays open: the answer comes on it.
+        return result(text("Reconnection test completed"))
+    if name == "test_logging_tool":
+        meta = (ctx.params or {}).get("_meta") or {}
+        if "io.modelcontextprotocol/logLevel" in meta or ctx.protocol_version < "2026":
+            await log(ctx, "test_logging_tool ran")
+        return result(text("logged only when asked"))
     if name == "test_simple_text":
         return result(text("This is a simple text response for testing."))
     if name == "test_image_content":
@@ -258,6 +329,152 @@ async def call_tool(
     if name == "test_large_text":
         return result(text("x" * int(arguments.get("size", 0))))
     raise ValueError(f"Unknown tool: {name}")
+
+
+# -- InputRequiredResult (2026-07-28) ------------------------------------------------------
+
+_STATE_KEY = secrets.token_bytes(32)
+
+
+def sign(state: dict[str, Any]) -> str:
+    """An integrity-protected ``requestState``: the state's JSON and its HMAC."""
+    body = base64.urlsafe_b64encode(json.dumps(state).encode()).decode()
+    tag = hmac.new(_STATE_KEY, body.encode(), hashlib.sha256).hexdigest()
+    return f"{body}.{tag}"
+
+
+def verified(token: str | None) -> dict[str, Any] | None:
+    """The state a ``requestState`` carries, or an error when it was tampered with."""
+    if token is None:
+        return None
+    body, _, tag = token.rpartition(".")
+    expected = hmac.new(_STATE_KEY, body.encode(), hashlib.sha256).hexdigest()
+    if not body or not hmac.compare_digest(tag, expected):
+        raise MCPError(-32602, "requestState failed its integrity check")
+    return dict(json.loads(base64.urlsafe_b64decode(body)))
+
+
+def ask_form(message: str, field: str, kind: str = "string") -> dict[str, Any]:
+    schema = {"type": "object", "properties": {field: {"type": kind}}, "required": [field]}
+    return {
+        "method": "elicitation/create",
+        "params": {"message": message, "requestedSchema": schema},
+    }
+
+
+def ask_model(text_: str, max_tokens: int) -> dict[str, Any]:
+    message = {"role": "user", "content": {"type": "text", "text": text_}}
+    return {
+        "method": "sampling/createMessage",
+        "params": {"messages": [message], "maxTokens": max_tokens},
+    }
+
+
+ASK_ROOTS: dict[str, Any] = {"method": "roots/list", "params": {}}
+
+
+def input_required(requests: dict[str, Any], state: str | None = None) -> types.InputRequiredResult:
+    body: dict[str, Any] = {"resultType": "input_required", "inputRequests": requests}
+    if state is not None:
+        body["requestState"] = state
+    return types.InputRequiredResult.model_validate(body)
+
+
+def answered(responses: Mapping[str, Any], key: str, field: str | None = None) -> Any:
+    """The accepted form field (or the whole response) under ``key``, else None."""
+    response = responses.get(key)
+    if not isinstance(response, Mapping):
+        return None
+    if field is None:
+        return response
+    content = response.get("content")
+    if response.get("action") != "accept" or not isinstance(content, Mapping):
+        return None
+    return content.get(field)
+
+
+def sampled_text(response: Any) -> str | None:
+    content = response.get("content") if isinstance(response, Mapping) else None
+    text_ = content.get("text") if isinstance(content, Mapping) else None
+    return text_ if isinstance(text_, str) else None
+
+
+def declared(ctx: ServerRequestContext[Any]) -> Mapping[str, Any]:
+    """The client capabilities of this request's envelope (2026-07-28)."""
+    meta = (ctx.params or {}).get("_meta") or {}
+    capabilities = meta.get("io.modelcontextprotocol/clientCapabilities")
+    return capabilities if isinstance(capabilities, Mapping) else {}
+
+
+def call_input_required(
+    ctx: ServerRequestContext[Any], kind: str
+) -> types.CallToolResult | types.InputRequiredResult:
+    """The InputRequiredResult tools: round 1 asks, a later round answers (or asks again)."""
+    raw = ctx.params or {}
+    given = raw.get("inputResponses")
+    responses: Mapping[str, Any] = given if isinstance(given, Mapping) else {}
+    state = verified(raw.get("requestState"))
+    if kind == "elicitation":
+        name = answered(responses, "user_name", "name")
+        if name is None:
+            return input_required({"user_name": ask_form("What is your name?", "name")})
+        return result(text(f"Hello, {name}!"))
+    if kind == "sampling":
+        said = sampled_text(answered(responses, "capital_question"))
+        if said is None:
+            return input_required(
+                {"capital_question": ask_model("What is the capital of France?", 100)}
+            )
+        return result(text(f"The model said: {said}"))
+    if kind == "list_roots":
+        roots = answered(responses, "client_roots")
+        listed = roots.get("roots") if isinstance(roots, Mapping) else None
+        if not isinstance(listed, list):
+            return input_required({"client_roots": ASK_ROOTS})
+        uris = [str(root.get("uri")) for root in listed if isinstance(root, Mapping)]
+        return result(text(f"Roots: {', '.join(uris)}"))
+    if kind in ("request_state", "tampered_state"):
+        if state is None or answered(responses, "confirm", "ok") is None:
+            confirm = ask_form("Please confirm", "ok", "boolean")
+            return input_required({"confirm": confirm}, sign({"tool": kind}))
+        return result(text("Confirmed: state-ok"))
+    if kind == "multiple_inputs":
+        name = answered(responses, "user_name", "name")
+        greeting = sampled_text(answered(responses, "greeting"))
+        roots = answered(responses, "client_roots")
+        if state is None or name is None or greeting is None or roots is None:
+            requests = {
+                "user_name": ask_form("What is your name?", "name"),
+                "greeting": ask_model("Generate a greeting", 50),
+                "client_roots": ASK_ROOTS,
+            }
+            return input_required(requests, sign({"round": 1}))
+        return result(text(f"{greeting}, {name}"))
+    if kind == "multi_round":
+        step = state.get("step") if state is not None else None
+        if step == 1 and (name := answered(responses, "step1", "name")) is not None:
+            color = ask_form("Step 2: What is your favorite color?", "color")
+            return input_required({"step2": color}, sign({"step": 2, "name": name}))
+        if step == 2 and state is not None:
+            color = answered(responses, "step2", "color")
+            if color is not None:
+                return result(text(f"{state['name']} likes {color}"))
+            again = ask_form("Step 2: What is your favorite color?", "color")
+            return input_required({"step2": again}, sign(state))
+        first = ask_form("Step 1: What is your name?", "name")
+        return input_required({"step1": first}, sign({"step": 1}))
+    # capabilities: ask only for what the client declared it can answer.
+    capabilities = declared(ctx)
+    requests: dict[str, Any] = {}
+    if "sampling" in capabilities and answered(responses, "model") is None:
+        requests["model"] = ask_model("Say hello", 20)
+    if "elicitation" in capabilities and answered(responses, "form") is None:
+        requests["form"] = ask_form("Anything to add?", "note")
+    if "roots" in capabilities and answered(responses, "roots") is None:
+        requests["roots"] = ASK_ROOTS
+    if requests:
+        return input_required(requests)
+    return result(text("Nothing more to ask"))
 
 
 RESOURCES = [
@@ -362,6 +579,11 @@ PROMPTS = [
         "title": "Prompt With Image",
         "description": "A prompt that includes image content",
     },
+    {
+        "name": "test_input_required_result_prompt",
+        "title": "Prompt With Input",
+        "description": "A prompt that asks the client for its context first (2026-07-28)",
+    },
 ]
 
 
@@ -373,8 +595,18 @@ async def list_prompts(
 
 async def get_prompt(
     ctx: ServerRequestContext[Any], params: types.GetPromptRequestParams
-) -> types.GetPromptResult:
+) -> types.GetPromptResult | types.InputRequiredResult:
     arguments = params.arguments or {}
+    if params.name == "test_input_required_result_prompt":
+        given = (ctx.params or {}).get("inputResponses")
+        context = answered(given if isinstance(given, Mapping) else {}, "user_context", "context")
+        if context is None:
+            form = ask_form("What context should the prompt use?", "context")
+            return input_required({"user_context": form})
+        said = f"Use this context: {context}"
+        return types.GetPromptResult.model_validate(
+            {"messages": [{"role": "user", "content": text(said)}]}
+        )
     if params.name == "test_simple_prompt":
         messages = [{"role": "user", "content": text("This is a simple prompt for testing.")}]
     elif params.name == "test_prompt_with_arguments":

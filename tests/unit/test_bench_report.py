@@ -7,7 +7,7 @@ from typing import Any
 import pytest
 
 from canon.bench import BenchOptions, evaluate_goals, goal_lines
-from canon.bench.report import GOALS, spread
+from canon.bench.report import ARCHIVE_GOALS, GOALS, spread
 from canon.bench.runner import _durability, _scale_out
 from canon.bench.scaleout import _curve_point
 from canon.bench.timing import Sample
@@ -53,6 +53,7 @@ def _report(
     busiest_share: float = 1 / 3 + 0.05,
     x_single_3: float = 2.7,
     x_single_6: float = 5.4,
+    sealed: float = 1.05,
 ) -> dict[str, Any]:
     def minimal_at(tasks: str, rate: float) -> dict[str, Any]:
         return {"minimal_naive": {"boundary": {tasks: _cell(inv=rate)}}}
@@ -123,6 +124,17 @@ def _report(
                 "run page": {"median_ms": console_ms, "bytes": 97_000},
             },
         },
+        "encryption": {
+            "measured": True,
+            "in_flight": {
+                tasks: {
+                    "plain_client_cpu_us": {"median": 400.0},
+                    "sealed_client_cpu_us": {"median": 400.0 * sealed},
+                    "ratio": {"median": sealed},
+                }
+                for tasks in ("1", "16")
+            },
+        },
     }
 
 
@@ -132,7 +144,21 @@ def _status(report: dict[str, Any]) -> list[str]:
 
 def test_a_report_meeting_every_goal_passes_all_but_the_unmeasured_scale() -> None:
     """Goals at or inside their thresholds PASS; 1M stored is N/A without its run."""
-    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A", "PASS"] + ["PASS"] * 5
+    assert _status(_report()) == ["PASS"] * 11 + ["N/A", "N/A", "PASS"] + ["PASS"] * 7
+
+
+def test_the_encryption_goals_judge_sealed_beside_plain_client_cpu() -> None:
+    """1.1 x plain passes, just past it is SHORT, at 1 and at 16 in flight; the line gives
+    both figures; without the section both goals are N/A with the reason."""
+    assert _status(_report(sealed=1.1))[-2:] == ["PASS", "PASS"]
+    goals = evaluate_goals(_report(sealed=1.11))
+    assert [goal["status"] for goal in goals[-2:]] == ["SHORT", "SHORT"]
+    assert goal_lines(goals)[-1].endswith("- 444 us beside 400 us plain")
+    report = _report()
+    report["encryption"] = {"measured": False, "reason": "failed: TimeoutError"}
+    last = evaluate_goals(report)[-2:]
+    assert [goal["status"] for goal in last] == ["N/A", "N/A"]
+    assert "TimeoutError" in goal_lines(last)[0]
 
 
 def test_the_console_goal_judges_the_slowest_page_and_names_it() -> None:
@@ -250,7 +276,7 @@ def test_goal_lines_start_with_the_status() -> None:
 def test_every_goal_has_its_own_name() -> None:
     """The goal table names each goal once, so a printed line identifies its goal."""
     names = [goal.name for goal in GOALS]
-    assert len(names) == len(set(names)) == 19
+    assert len(names) == len(set(names)) == 21
 
 
 async def test_a_given_server_leaves_out_the_durability_columns_and_scale_out() -> None:
@@ -321,3 +347,48 @@ def test_a_curve_point_takes_the_loaded_masters_cpu_and_the_busiest_share() -> N
     assert point["x_single"] == round(round(1e6 / (104.0 * 0.35)) / 10_000, 2)
     assert point["x_single_at_split_load"] == 0.7
     assert point["target_x_single"] == 2.7
+
+
+def _archive_report(
+    *, sqlite_p99: float = 700.0, postgres_p99: float = 900.0, indexed: float = 30.0
+) -> dict[str, Any]:
+    def backend(p99: float) -> dict[str, Any]:
+        lag = {"rate_per_s": 3000.0, "drained_per_s": 2900.0, "pending": 0, "p99_ms": p99}
+        queries = {
+            "indexed": {"p50_ms": indexed},
+            "json_equal": {"p50_ms": 20.0},
+            "json_nested": {"p50_ms": 480.0},
+            "json_range": {"p50_ms": 120.0},
+            "json_none": {"p50_ms": 9000.0},
+        }
+        return {"lag": {"1": lag}, "search": {"calls": 1_000_000, "queries": queries}}
+
+    section = {"measured": True, "sqlite": backend(sqlite_p99), "postgresql": backend(postgres_p99)}
+    return {"only": "archive", "archive": section}
+
+
+def test_the_archive_goals_judge_lag_on_both_databases_and_search_on_postgresql() -> None:
+    """A report of the archive section alone is judged on its four goals only: each
+    database's lag p99 against 1 s, PostgreSQL's indexed query and its slowest JSON-path
+    shape (the worst case, a condition no call meets, is reported, not judged)."""
+    goals = evaluate_goals(_archive_report())
+    assert [goal["goal"] for goal in goals] == [goal.name for goal in ARCHIVE_GOALS]
+    assert [goal["status"] for goal in goals] == ["PASS"] * 4
+    assert goals[3]["measured"] == 480.0 and "slowest json_nested" in goals[3]["note"]
+    short = evaluate_goals(_archive_report(postgres_p99=1001.0, indexed=50.5))
+    assert [goal["status"] for goal in short] == ["PASS", "SHORT", "SHORT", "PASS"]
+
+
+def test_an_archive_database_not_measured_says_why() -> None:
+    """A database the section could not run on makes its goals not applicable, with the
+    reason; the other database's goals still count; a full report gets the archive's
+    goals after its own."""
+    report = _archive_report()
+    report["archive"]["postgresql"] = {"measured": False, "reason": "no PostgreSQL binaries"}
+    goals = evaluate_goals(report)
+    assert [goal["status"] for goal in goals] == ["PASS", "N/A", "N/A", "N/A"]
+    assert goals[1]["note"] == "no PostgreSQL binaries"
+    full = {**_report(), "archive": _archive_report()["archive"]}
+    assert [goal["goal"] for goal in evaluate_goals(full)] == [
+        goal.name for goal in (*GOALS, *ARCHIVE_GOALS)
+    ]

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from eventstore.server.settings import (
+from eventstore.server.config_checks import (
     RECOMMENDED_SETTINGS,
     REDIS_DEFAULTS,
     server_settings_warnings,

@@ -80,7 +80,7 @@ def test_help_names_no_internal_module(
 def test_serve_help_lists_every_route(capsys: pytest.CaptureFixture[str]) -> None:
     """Each route the HTTP API and the console serve is named in ``canon serve --help``."""
     from projections.console import CONSOLE_ROUTES
-    from projections.http import ROUTES
+    from projections.http_api import ROUTES
 
     assert main(["serve", "--help"]) == 0
     out = " ".join(capsys.readouterr().out.split())  # argparse wraps lines anywhere

@@ -58,7 +58,7 @@ def test_a_token_of_16_bytes_or_more_is_accepted(good: str) -> None:
 def test_a_session_cookie_is_signed_and_can_be_ended() -> None:
     """A started session is accepted; a tweaked, foreign or ended one is not."""
     auth, other = OperatorAuth(TOKEN), OperatorAuth(TOKEN)
-    cookie = auth.start_session()
+    cookie = auth.start_session("ana")
     assert TOKEN not in cookie and auth.check_session(cookie)
     session_id, _, mac = cookie.partition(".")
     assert not auth.check_session(f"{session_id}.{'0' * len(mac)}")
@@ -72,10 +72,10 @@ def test_a_session_cookie_is_signed_and_can_be_ended() -> None:
 def test_sessions_expire_and_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     """A session past its lifetime is refused; past the cap the oldest is forgotten."""
     short = OperatorAuth(TOKEN, session_ttl_s=-1.0)
-    assert not short.check_session(short.start_session())
+    assert not short.check_session(short.start_session("ana"))
     monkeypatch.setattr(auth_module, "MAX_SESSIONS", 3)
     auth = OperatorAuth(TOKEN)
-    cookies = [auth.start_session() for _ in range(4)]
+    cookies = [auth.start_session("ana") for _ in range(4)]
     assert not auth.check_session(cookies[0])
     assert all(auth.check_session(cookie) for cookie in cookies[1:])
 
@@ -84,7 +84,7 @@ def test_each_session_has_its_own_csrf_token_checked_in_constant_time() -> None:
     """The token is tied to its live session: another session's, a tweaked one, none, or
     the token of an ended session is refused."""
     auth = OperatorAuth(TOKEN)
-    one, two = auth.start_session(), auth.start_session()
+    one, two = auth.start_session("ana"), auth.start_session("ana")
     token_one, token_two = auth.csrf_token(one), auth.csrf_token(two)
     assert token_one and token_two and token_one != token_two
     assert token_one not in one and TOKEN not in token_one

@@ -39,24 +39,27 @@ def row(call: str, status: str, created: int, finished: int | None, **extra: str
 
 
 def test_bars_share_one_axis_from_the_first_creation_to_the_last_end() -> None:
+    """The axis spans the calls' recorded times; a call in flight runs to its end and says
+    how long it has been in flight so far (at now), which does not stretch the axis."""
     rows = [
         row("a", "READY", 1_000, 1_500, evidence="EVIDENCE_FOUND"),
         row("b", "ERROR", 1_200, 1_200, code="EXECUTION_FAILED"),
         row("c", "PROJECTING", 1_400, None),
     ]
-    timeline = layout(rows, now_ms=2_000)
+    timeline = layout(rows, now_ms=600_000)
     a, b, c = timeline.bars
-    assert timeline.span_ms == 1_000
+    assert timeline.span_ms == 500
     assert a.x == LABEL_WIDTH and a.width > b.width
+    assert abs(a.x + a.width - (WIDTH - 8)) < 1e-6  # a ended last
     assert b.width == MIN_BAR  # an instant failure still shows
-    assert c.x + c.width == WIDTH - 8  # in flight: up to now
+    assert abs(c.x + c.width - (WIDTH - 8)) < 1e-6  # in flight: to the axis's end
+    assert "9 min 58 s · in flight (so far)" in c.label
     assert a.y < b.y < c.y and timeline.height > c.y
     assert a.fill == COLOURS[("READY", "EVIDENCE_FOUND")]
     assert b.fill == COLOURS[("ERROR", "EXECUTION_FAILED")]
     assert c.fill == COLOURS[("PROJECTING", None)]
     assert a.label == "search · 500 ms · EVIDENCE_FOUND"
     assert b.title == "b: search, 0 ms, EXECUTION_FAILED"
-    assert "in flight" in c.label
 
 
 def test_other_codes_and_an_empty_run() -> None:
@@ -88,7 +91,7 @@ def test_the_overview_stacks_every_call_by_creation_time_into_fixed_columns() ->
         )
         for n in range(3_000)
     ]
-    shown = overview(rows, [1_500, 3_999], now_ms=5_000, per_page=100, iso=str)
+    shown = overview(rows, [1_500, 3_999], per_page=100, iso=str)
     assert 0 < len(shown.columns) <= COLUMNS
     fullest = max(sum(seg.height for seg in col.segments) for col in shown.columns)
     assert abs(fullest - OVERVIEW_HEIGHT) < 1e-6
@@ -101,8 +104,29 @@ def test_the_overview_stacks_every_call_by_creation_time_into_fixed_columns() ->
 
 
 def test_an_empty_run_has_an_empty_overview() -> None:
-    shown = overview([], [], now_ms=5_000, per_page=100, iso=str)
+    shown = overview([], [], per_page=100, iso=str)
     assert shown.columns == [] and shown.ticks == [] and shown.span_ms == 0
+
+
+def test_an_active_run_s_overview_spans_its_calls_not_the_wall_clock() -> None:
+    """3,000 calls made in 1.6 s, one still in flight (waiting for an operator) and the run
+    open for ten minutes: the overview spans the 1.6 s of recorded events, so the calls
+    spread over its columns instead of collapsing into the first."""
+    rows = [
+        row(f"c{n:04d}", "READY", 1_000 + n * 1_600 // 3_000, 1_001 + n * 1_600 // 3_000)
+        for n in range(3_000)
+    ]
+    rows.append(
+        CallRow(
+            **{
+                **msgspec.structs.asdict(row("w", "PROJECTING", 1_500, None)),
+                "last_event_at_ms": 1_500,
+            }
+        )
+    )
+    shown = overview(rows, [], per_page=100, iso=str)
+    assert shown.span_ms == 1_600
+    assert len(shown.columns) > COLUMNS // 2
 
 
 def test_a_long_label_is_cut_with_an_ellipsis_and_kept_whole_in_its_title() -> None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from projections.console.views import cut_text, size_against, size_text, visible
+from projections.console.views import cut_text, rounded_size_text, size_against, visible
 
 
 @pytest.mark.parametrize(
@@ -34,10 +34,10 @@ def test_long_text_is_cut_and_says_how_long_it_was() -> None:
 
 
 def test_sizes_are_shown_with_their_unit_and_against_their_limit() -> None:
-    assert size_text(850) == "850 B"
-    assert size_text(16 * 1024) == "16 KiB"
-    assert size_text(12_800) == "12.5 KiB"
-    assert size_text(1_677_722) == "1.6 MiB"
+    assert rounded_size_text(850) == "850 B"
+    assert rounded_size_text(16 * 1024) == "16 KiB"
+    assert rounded_size_text(12_800) == "12.5 KiB"
+    assert rounded_size_text(1_677_722) == "1.6 MiB"
     assert size_against(1_677_722, 1024 * 1024, "agent result") == (
         "1.6 MiB, over the 1 MiB agent result limit"
     )

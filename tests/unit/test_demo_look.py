@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import io
 import pathlib
+import sys
 
 import pytest
 from rich.console import Console
 
-from canon.demo.look import Where, look_commands, print_look, shown_url
+from canon.demo.look import Where, canon_command, look_commands, print_look, shown_url
 
 
 def render(where: Where) -> str:
@@ -64,3 +65,45 @@ def test_the_run_whose_budget_ran_out_gets_its_own_replay() -> None:
     command, what = commands[2]
     assert command.endswith("--redis-url redis://127.0.0.1:6379/0 --namespace demo")
     assert "refused" in what
+
+
+@pytest.fixture
+def venv_canon(tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> pathlib.Path:
+    """This process runs as a virtualenv's ``bin/canon`` (its argv[0])."""
+    script = tmp_path / "venv" / "bin" / "canon"
+    script.parent.mkdir(parents=True)
+    script.write_text("#!/bin/sh\n")
+    script.chmod(0o755)
+    monkeypatch.setattr(sys, "argv", [str(script), "demo"])
+    monkeypatch.delenv("VIRTUAL_ENV", raising=False)
+    return script
+
+
+def test_a_canon_no_shell_finds_is_printed_by_its_path(
+    venv_canon: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Run as scripts/demo.sh runs it (.venv/bin/canon, not on PATH), every command starts
+    with that canon's path, so it works as printed in any shell."""
+    monkeypatch.setenv("PATH", str(venv_canon.parent.parent))  # no canon there
+    assert canon_command() == str(venv_canon)
+    where = Where(namespace="demo", redis_url="redis://127.0.0.1:6379/0", canon=canon_command())
+    where.run_id, where.runs = "run-1", ["run-1"]
+    assert all(command.startswith(f"{venv_canon} ") for command, _ in look_commands(where))
+
+
+def test_an_activated_virtualenv_still_prints_the_path(
+    venv_canon: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a shell that activated the virtualenv, canon is on PATH there only: "in another
+    terminal" it would not be, so the path is printed all the same."""
+    monkeypatch.setenv("PATH", str(venv_canon.parent))
+    monkeypatch.setenv("VIRTUAL_ENV", str(venv_canon.parent.parent))
+    assert canon_command() == str(venv_canon)
+
+
+def test_a_canon_every_shell_finds_is_printed_as_canon(
+    venv_canon: pathlib.Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Installed where every shell's PATH finds it (system-wide, pipx), plain canon."""
+    monkeypatch.setenv("PATH", str(venv_canon.parent))
+    assert canon_command() == "canon"

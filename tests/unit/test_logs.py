@@ -13,7 +13,7 @@ from decimal import Decimal
 import pytest
 import structlog
 
-from canon.logs import add_utc_timestamp, configure_logging
+from canon.logging_setup import add_utc_timestamp, configure_logging
 
 
 class Terminal(io.StringIO):

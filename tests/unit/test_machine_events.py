@@ -15,6 +15,7 @@ from machine.events import (
     PAYLOAD_OF,
     PAYLOADS_OF,
     SCHEMA_VERSION,
+    ApprovalAdded,
     ApprovalExpired,
     ApprovalRequested,
     Approved,
@@ -25,6 +26,9 @@ from machine.events import (
     Failed,
     Preflighted,
     ProjectingStarted,
+    Reconciled,
+    Settled,
+    TakenOver,
     decode_event,
     encode_event,
     event_hash,
@@ -40,10 +44,14 @@ _CLASSES = {
     "Completed": Completed,
     "Failed": Failed,
     "ApprovalRequested": ApprovalRequested,
+    "ApprovalAdded": ApprovalAdded,
     "Approved": Approved,
     "Denied": Denied,
     "ApprovalExpired": ApprovalExpired,
     "Dispatched": Dispatched,
+    "TakenOver": TakenOver,
+    "Reconciled": Reconciled,
+    "Settled": Settled,
 }
 #: The event types stored as JSON before schema 2 (the governed call's came after).
 _SCHEMA_1_TYPES = ("Preflighted", "ProjectingStarted", "Completed", "Failed")
@@ -126,6 +134,10 @@ def test_code_tables_are_permanent() -> None:
         "Denied": 7,
         "ApprovalExpired": 8,
         "Dispatched": 9,
+        "ApprovalAdded": 10,
+        "TakenOver": 11,
+        "Reconciled": 12,
+        "Settled": 13,
     }
     assert {status.value: code for status, code in EVIDENCE_CODES.items()} == {
         "PENDING": 0,
@@ -225,6 +237,7 @@ def test_payload_fields_are_read_from_the_declaration() -> None:
         "raw": ("raw_sha256", "raw_bytes"),
         "result": ("result_sha256", "result_bytes"),
         "failure_detail": ("failure_detail_sha256", "failure_detail_bytes"),
+        "settlement_evidence": ("settlement_evidence_sha256", "settlement_evidence_bytes"),
     }
     assert PAYLOAD_OF["Failed"] == (
         "failure_detail",
@@ -252,7 +265,16 @@ def test_digests_and_ids_are_stored_as_bytes(kind: str) -> None:
         )
     # The appended fields of the others too (the ids of linked calls).
     if isinstance(event, ApprovalRequested):
-        event = msgspec.structs.replace(event, supersedes="call-0")
+        event = msgspec.structs.replace(
+            event,
+            supersedes="call-0",
+            requested_by="ana",
+            approvals_required=2,
+            retry_of="call-0",
+            retried_by="bo",
+        )
+    if isinstance(event, Approved):
+        event = msgspec.structs.replace(event, approval_count=2)
     if isinstance(event, Denied):
         event = msgspec.structs.replace(event, superseded_by="call-0.edit1")
     items = msgspec.msgpack.decode(encode_event(event))

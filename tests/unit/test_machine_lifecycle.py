@@ -27,11 +27,25 @@ _DESIGN = {
     (Stage.PROJECTING, "Failed"): Stage.ERROR,
     # A governed call.
     (Stage.NEW, "ApprovalRequested"): Stage.AWAITING_APPROVAL,
+    # One approval of several: the call still waits.
+    (Stage.AWAITING_APPROVAL, "ApprovalAdded"): Stage.AWAITING_APPROVAL,
     (Stage.AWAITING_APPROVAL, "Approved"): Stage.APPROVED,
     (Stage.AWAITING_APPROVAL, "Denied"): Stage.ERROR,
     (Stage.AWAITING_APPROVAL, "ApprovalExpired"): Stage.ERROR,
     (Stage.APPROVED, "ApprovalExpired"): Stage.ERROR,
     (Stage.APPROVED, "Dispatched"): Stage.EXECUTING,
+    # Ended at its permit: the record disagreed with its journal, or the run's authority
+    # went (before the dispatch, so nothing ran).
+    (Stage.AWAITING_APPROVAL, "Failed"): Stage.ERROR,
+    (Stage.APPROVED, "Failed"): Stage.ERROR,
+    # A call in flight whose process died: taken over (ungoverned), its outcome taken on
+    # (found to have run), or ended by a settlement.
+    (Stage.EXECUTING, "TakenOver"): Stage.EXECUTING,
+    (Stage.PROJECTING, "TakenOver"): Stage.EXECUTING,
+    (Stage.EXECUTING, "Reconciled"): Stage.EXECUTING,
+    (Stage.PROJECTING, "Reconciled"): Stage.EXECUTING,
+    (Stage.EXECUTING, "Settled"): Stage.ERROR,
+    (Stage.PROJECTING, "Settled"): Stage.ERROR,
 }
 
 
@@ -47,8 +61,9 @@ def test_table_is_generated_from_the_machine() -> None:
 
 
 def test_table_matches_the_design_lifecycle() -> None:
-    """The lifecycle is the one in the design: five legal transitions of every call and six
-    of a governed one, nothing more; only Dispatched leads a governed call to EXECUTING."""
+    """The lifecycle is the one in the design: five legal transitions of every call, nine
+    of a governed one and six of a call whose process died, nothing more; only Dispatched
+    leads a governed call to EXECUTING the first time."""
     assert TRANSITIONS == _DESIGN
     assert {kind for _, kind in TRANSITIONS} == set(EVENT_TYPES)
 
@@ -103,7 +118,7 @@ def test_lua_lifecycle_carries_status_evidence_and_feed_codes() -> None:
     assert allowed == expected
     codes = dict(re.findall(r'if stage == "(\w+)" then return "(\d)" end', source))
     assert codes == {stage.value: str(STATUS_CODES[status]) for stage, status in STATUS_OF.items()}
-    types = dict(re.findall(r'if event_type == "(\w+)" then return "(\d)" end', source))
+    types = dict(re.findall(r'if event_type == "(\w+)" then return "(\d+)" end', source))
     assert types == {kind: str(code) for kind, code in TYPE_CODES.items()}
 
 

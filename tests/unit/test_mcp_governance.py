@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from canon.commands.mcp_proxy import governance_of
-from canon.failures import CommandError
+from canon.command_errors import CommandError
+from canon.commands.mcp_proxy_command import governance_of
 from canon.integrations.mcp import console_base, console_call_url, pending_meta
-from canon.integrations.mcp_relay import Governance
+from canon.mcp_proxy.relay import Governance
 from eventstore.boundary.contracts import ApprovalPending
 from eventstore.errors import InvalidArgument
 

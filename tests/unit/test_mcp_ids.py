@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from canon.integrations.mcp import fallback_call_id
-from canon.integrations.mcp_relay import is_request_id
+from canon.mcp_proxy.relay import is_request_id
 from machine.ids import is_tool_call_id
 
 

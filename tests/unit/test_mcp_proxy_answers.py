@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from canon.integrations.mcp_proxy import error_result, safe_error_result
-from canon.integrations.mcp_relay import (
+from canon.mcp_proxy.answers import error_result, safe_error_result
+from canon.mcp_proxy.relay import (
     UpstreamCallError,
     UpstreamFault,
     UpstreamToolError,

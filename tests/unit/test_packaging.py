@@ -10,7 +10,18 @@ import zipfile
 
 ROOT = pathlib.Path(__file__).parents[2]
 PACKAGES = ("machine", "eventstore", "projections", "canon")
-_NOT_SOURCE = (".git", ".venv", "build", "dist", "*.egg-info", "__pycache__", ".*_cache")
+#: Not the package's sources: the stacks' virtualenvs (.venv-stacks) are large and may be
+#: being installed while this runs (scripts/test.sh), so the copy never walks them.
+_NOT_SOURCE = (
+    ".git",
+    ".venv",
+    ".venv-stacks",
+    "build",
+    "dist",
+    "*.egg-info",
+    "__pycache__",
+    ".*_cache",
+)
 
 
 def test_wheel_contains_every_module_script_template_and_py_typed(tmp_path: pathlib.Path):

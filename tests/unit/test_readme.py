@@ -58,3 +58,17 @@ def test_sync_example_runs_as_written():
     [line] = result.stdout.splitlines()
     assert line.startswith("ToolResult(result={'titles': ['Refund policy']}")
     assert "Refunds within 30 days" not in result.stdout
+
+
+def test_the_opening_names_every_event_and_machine_exports_them():
+    """Before its first example the README names each event of machine/events.py, and
+    ``machine`` exports each event class."""
+    import machine
+    from machine.events import EVENT_CLASSES, EVENT_TYPES
+
+    opening = README.read_text().split("\n## ", 1)[0]
+    assert len(EVENT_TYPES) >= 13  # not vacuous: the lifecycle, governed and lapsed events
+    for name in EVENT_TYPES:
+        assert f"`{name}`" in opening, name
+    for event in EVENT_CLASSES:
+        assert event.__name__ in machine.__all__, event.__name__

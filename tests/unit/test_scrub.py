@@ -12,6 +12,8 @@ import re
 import httpx
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from machine.failure_detail import decode_failure_detail, failure_detail
 from machine.scrub import FILTERED, Scrubber, scrub_secrets, scrubber
@@ -60,6 +62,26 @@ def test_a_secret_becomes_filtered_and_its_context_stays(text: str, kept: str) -
     scrubbed = scrub_secrets(text)
     assert kept in scrubbed
     assert FILTERED in scrubbed
+
+
+@pytest.mark.parametrize(("text", "kept"), SECRETS.values(), ids=list(SECRETS))
+def test_scrubbing_scrubbed_text_changes_nothing(text: str, kept: str) -> None:
+    """A reader may scrub what it shows again: scrubbed text comes back as it is (no
+    ``[Filtered]]``), whatever shape the secret had."""
+    once = scrub_secrets(text)
+    assert scrub_secrets(once) == once
+
+
+@given(
+    st.lists(
+        st.sampled_from([*[text for text, _ in SECRETS.values()], "plain words", " ", "; "]),
+        max_size=6,
+    )
+)
+def test_scrubbing_is_idempotent_on_any_mix(parts: list[str]) -> None:
+    """Secrets of every shape mixed with plain text: scrubbing twice is scrubbing once."""
+    once = scrub_secrets("".join(parts))
+    assert scrub_secrets(once) == once
 
 
 def test_text_without_secrets_is_unchanged() -> None:

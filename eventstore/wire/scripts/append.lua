@@ -14,7 +14,6 @@
 -- KEYS[3] feed            shard feed
 -- KEYS[4] progress        run progress list
 -- KEYS[5] run             run registry hash
--- KEYS[6] control         shard control hash (read for a dispatch permit only)
 -- ARGV[1] event_type      event type
 -- ARGV[2] version         event version
 -- ARGV[3] event_id        event id
@@ -31,9 +30,12 @@
 --        {"applied", version, "", expires_at_ms}
 --        {"refused", CODE, current version}   CODE is one of RECORD_EXPIRED,
 --        VERSION_CONFLICT, CHAIN_BROKEN, ILLEGAL_TRANSITION, INVALID_EVIDENCE_STATUS,
---        MISSING_ERROR_CODE, PROTECTED_FIELD; for a governed call's Approved or Dispatched
---        also APPROVAL_EXPIRED (past its approval's expiry, by the server's clock), and for
---        Dispatched (the one dispatch permit) EXECUTION_PAUSED or RUN_PAUSED
+--        MISSING_ERROR_CODE, PROTECTED_FIELD; for a governed call's ApprovalAdded or
+--        Approved also APPROVAL_EXPIRED (past its approval's expiry, by the server's
+--        clock); for Dispatched always PERMIT_REQUIRED: the one dispatch permit is
+--        granted by permit.lua, which reads the call's journal, and by no other script;
+--        for TakenOver, Reconciled and Settled always LAPSE_REQUIRED: they take a call
+--        from a holder whose lease lapsed, judged by lapsed.lua and by no other script
 -- @include lifecycle
 -- @include field_scan
 -- @include feed_trim
@@ -67,18 +69,15 @@ if rec[2] + 1 ~= tonumber(version_text) then return refused('VERSION_CONFLICT') 
 if rec[3] ~= prev_hash then return refused('CHAIN_BROKEN') end
 local dest = next_stage(rec[1], event_type)
 if not dest then return refused('ILLEGAL_TRANSITION') end
--- A governed call's approval and its dispatch permit: in time, and (the permit) not while
--- the run or the namespace is paused, decided here, in the step that writes them, so a
--- call racing a pause either got its permit before it or does not run.
-if event_type == 'Approved' or event_type == 'Dispatched' then
+-- A governed call's approval is given in time, by the server's clock, decided in the step
+-- that writes it. Its dispatch permit is permit.lua's alone: it judges the journal.
+if event_type == 'Dispatched' then return refused('PERMIT_REQUIRED') end
+if taken_from_a_lapsed_holder(event_type) then return refused('LAPSE_REQUIRED') end
+if event_type == 'Approved' or event_type == 'ApprovalAdded' then
   local now = redis.call('TIME')
   local now_ms = now[1] * 1000 + math.floor(now[2] / 1000)
   local expiry = redis.call('HGET', record, 'approval_expires_at_ms')
   if not expiry or now_ms >= tonumber(expiry) then return refused('APPROVAL_EXPIRED') end
-  if event_type == 'Dispatched' then
-    if redis.call('HGET', KEYS[6], 'paused') == '1' then return refused('EXECUTION_PAUSED') end
-    if redis.call('HGET', run, 'paused') == '1' then return refused('RUN_PAUSED') end
-  end
 end
 
 local protected, evidence, error_code = scan_fields(11)
@@ -109,10 +108,16 @@ if named and named ~= evidence then
     end
   end
 end
--- A governed call leaving AWAITING_APPROVAL (decided or expired) no longer waits: its run
--- counts it out, while the run hash exists (HINCRBY would create one that never expires).
-if rec[1] == 'AWAITING_APPROVAL' and redis.call('EXISTS', run) == 1 then
+-- A governed call leaving AWAITING_APPROVAL (decided, expired or failed) no longer waits:
+-- its run counts it out, while the run hash exists (HINCRBY would create one that never
+-- expires). One approval of several leaves it waiting. An approved call waits for its
+-- resume: counted in here, out when it expires or fails (permit.lua counts a dispatch).
+if rec[1] == 'AWAITING_APPROVAL' and dest ~= 'AWAITING_APPROVAL'
+    and redis.call('EXISTS', run) == 1 then
   redis.call('HINCRBY', run, 'awaiting_approval', '-1')
+  if dest == 'APPROVED' then redis.call('HINCRBY', run, 'approved', '1') end
+elseif rec[1] == 'APPROVED' and redis.call('EXISTS', run) == 1 then
+  redis.call('HINCRBY', run, 'approved', '-1')
 end
 redis.call('HSET', record, 'stage', dest, 'status', status_of(dest), 'evidence_status', evidence,
   'version', version_text, 'last_hash', event_hash, 'updated_at_ms', at_ms,

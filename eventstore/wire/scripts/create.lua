@@ -7,7 +7,10 @@
 -- one small entry to the shard feed (the outbox), which it trims by age (feed_trim.lua,
 -- never past an entry a consumer group still needs). The stream entry holds the encoded
 -- event only (field e): its hash becomes the record's last_hash and the next event's
--- previous hash, so storing it beside the event again would add nothing.
+-- previous hash, so storing it beside the event again would add nothing. A call that
+-- starts running (Preflighted) gets its holder's lease in the same step: lease_version 1
+-- (the event that granted it) and lease_until_ms, lease_ms from now by the server's clock
+-- (renewed by lease.lua while the tool runs; lapsed.lua takes on a call past it).
 --
 -- KEYS[1] record          record hash
 -- KEYS[2] stream          event stream
@@ -31,11 +34,13 @@
 -- ARGV[14] log_refusals   which refusals go on the log: all, none, or not_duplicates
 --                         (the caller answers a duplicate from its record)
 -- ARGV[15] event_type     Preflighted or ApprovalRequested
--- ARGV[16..] (field, value)...  the record fields the event sets (payloads included)
+-- ARGV[16] lease_ms       the holder's lease from now (ms), for a call that starts running
+-- ARGV[17..] (field, value)...  the record fields the event sets (payloads included)
 --
 -- Reply: "1 <feed entry id> <expires_at_ms>"   the event is in the journal (version 1)
 --        {"applied", 1, "", expires_at_ms}   the same event id was already applied
---        {"refused", CODE}   CODE is one of DUPLICATE_TOOL_CALL, VERSION_CONFLICT (version
+--        {"refused", CODE}   CODE is one of RECORD_EXPIRED (this event was applied and its
+--        record has expired since: a resent creation), DUPLICATE_TOOL_CALL, VERSION_CONFLICT (version
 --        is not 1), CHAIN_BROKEN (previous hash is not the genesis hash), RUN_INACTIVE,
 --        UNAUTHORIZED, RUN_DEADLINE_EXPIRED, EXECUTION_PAUSED, RUN_PAUSED,
 --        TOOL_BUDGET_EXHAUSTED, RUN_BUDGET_EXHAUSTED, PROTECTED_FIELD, ILLEGAL_TRANSITION
@@ -96,6 +101,10 @@ local used_field = 'used:' .. tool
 local r = redis.call('HMGET', run, 'active', 'deadline_ms', 'budget_total', 'used_total',
   'budget:' .. tool, used_field, 'inv:' .. invocation_id, 'restricted', 'tool:' .. tool,
   'revoked:' .. tool, 'paused')
+-- The run names each call by its id and its first event's id: this very event, resent
+-- (a retried write whose first try committed) after its record expired, finds it there.
+local entry = tool_call_id .. ' ' .. event_id
+if r[7] == entry then return {'refused', 'RECORD_EXPIRED'} end
 if r[1] ~= '1' then return refused('RUN_INACTIVE') end
 if (r[8] == '1' and not r[9]) or r[10] then return refused('UNAUTHORIZED') end
 if now_ms >= tonumber(r[2]) then return refused('RUN_DEADLINE_EXPIRED') end
@@ -113,7 +122,7 @@ end
 
 -- The fields go to HSET straight from ARGV, once none of them is one only we write: the
 -- first event's evidence status is PENDING, whatever it names.
-local protected, evidence = scan_fields(16)
+local protected, evidence = scan_fields(17)
 if protected or evidence then return {'refused', 'PROTECTED_FIELD'} end
 
 redis.call('HINCRBY', run, 'used_total', '1')
@@ -121,14 +130,19 @@ redis.call('HINCRBY', run, used_field, '1')
 -- The run counts its governed calls waiting for a decision (append.lua counts them out),
 -- so the calls waiting across runs are found from the run index, never by a SCAN.
 if first_stage ~= FIRST_STAGE then redis.call('HINCRBY', run, 'awaiting_approval', '1') end
-redis.call('HSET', run, 'inv:' .. invocation_id, tool_call_id)
+redis.call('HSET', run, 'inv:' .. invocation_id, entry)
 
 -- Formatted once as an integer: a Lua number sent to Redis is formatted as a float.
 local expires_at = string.format('%d', now_ms + ttl_ms)
 redis.call('HSET', record, 'stage', first_stage, 'status', first_status,
   'evidence_status', 'PENDING', 'version', '1', 'last_hash', event_hash,
   'updated_at_ms', at_ms, 'expires_at_ms', expires_at, 'invocation_id', invocation_id,
-  'e1', event_id, unpack(ARGV, 16))
+  'e1', event_id, unpack(ARGV, 17))
+if first_stage == FIRST_STAGE then
+  -- The caller runs the tool now: it holds the call's lease from this event on.
+  redis.call('HSET', record, 'lease_version', '1',
+    'lease_until_ms', string.format('%d', now_ms + ARGV[16]))
+end
 redis.call('PEXPIREAT', record, expires_at)
 redis.call('XADD', stream, '*', 'e', event_data)
 redis.call('PEXPIREAT', stream, expires_at)

@@ -1,0 +1,119 @@
+"""docs/integrations.md, Strands Agents: both blocks run as written, each as a script in a
+fresh interpreter, against a scripted model endpoint, on a real store."""
+
+from __future__ import annotations
+
+import json
+import pathlib
+from collections.abc import Iterator
+from datetime import timedelta
+
+import pytest
+
+from eventstore import SyncStore
+from machine.codes import Status
+from tests.integration.integrations.test_docs_frameworks import (
+    PRELUDE,
+    blocks_of,
+    canon_lines,
+    run_as_script,
+)
+from tests.support.agent_tools import DOC_CALL
+
+SCRIPTED = """\
+import httpx2
+from openai import AsyncOpenAI
+from strands.models.openai import OpenAIModel
+from tests.support.openai_scripted import ScriptedOpenAI, chat_completion, function_call
+
+def openai_model(endpoint):
+    http = httpx2.AsyncClient(transport=httpx2.MockTransport(endpoint.handle))
+    client = AsyncOpenAI(api_key="sk-test", http_client=http, max_retries=0)
+    return OpenAIModel(client=client, model_id="gpt-4.1", stream=False)
+"""
+REFUND_ID = "call_R3fUnd9Xy7Tn4Bm1Cd6Wq2L"
+
+
+@pytest.fixture
+def store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
+    """A SyncStore with the docs' run open."""
+    with SyncStore.from_url(redis_url, namespace=namespace) as store:
+        store.open_run("run-1", deadline=timedelta(minutes=5))
+        yield store
+
+
+def test_the_strands_loop_runs_as_written(
+    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """As a script: the agent's call goes through canon under the model's id, the model
+    reads the result, and stdout holds the block's own line only (no canon log)."""
+    code = blocks_of("Strands Agents")[0]
+    assert len(canon_lines(code)) <= 3
+    script = (
+        PRELUDE
+        + SCRIPTED
+        + "endpoint = ScriptedOpenAI(\n"
+        + "    chat_completion([function_call(*DOC_CALL[:2], json.dumps(DOC_CALL[2]))]),\n"
+        + "    chat_completion(None, 'Refunds within 30 days.'),\n"
+        + ")\n"
+        + "model = openai_model(endpoint)\n"
+        + code
+        + "report = {'runs': search.runs, 'sent': endpoint.requests[1]['messages']}\n"
+        + "json.dump(report, open(os.environ['DOC_REPORT'], 'w'))\n"
+        + "store.close()\n"
+    )
+    stdout, report = run_as_script(script, redis_url, namespace, tmp_path)
+    assert stdout.strip() == "Refunds within 30 days."
+    assert report["runs"] == 1
+    [answer] = [m for m in report["sent"] if m["role"] == "tool"]
+    assert answer["tool_call_id"] == DOC_CALL[0]
+    assert json.loads(answer["content"]) == {"titles": ["refund policy"]}
+    record = store.get("run-1", DOC_CALL[0])
+    assert record is not None and record.state.status is Status.READY
+
+
+def test_the_strands_governed_loop_runs_as_written(
+    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+) -> None:
+    """As a script: the refund stops the agent with canon's interrupt; while the loop
+    waits, an operator approves it in canon; the resume runs it once and the model reads
+    its result."""
+    code = blocks_of("Strands Agents")[1]
+    script = (
+        PRELUDE
+        + SCRIPTED
+        + "from strands import Agent\n"
+        + "from eventstore import Projection, SyncBoundary, ToolSpec\n"
+        + "from canon.integrations.strands import as_tools\n"
+        + "done = []\n"
+        + "def refund(arguments, call):\n"
+        + "    done.append(arguments)\n"
+        + "    return {'refunded': arguments['amount']}\n"
+        + "TOOLS = {'refund': ToolSpec(executor=refund, read_only=False, approval=True,\n"
+        + "    projector=lambda raw, call: Projection(\n"
+        + "        result=raw, evidence_status='EVIDENCE_FOUND'),\n"
+        + "    input_schema={'type': 'object', 'properties': {'amount': {'type': 'integer'}}})}\n"
+        # The loop's wait is the operator's turn: they approve in canon, no time passes.
+        + "class time:\n"
+        + "    @staticmethod\n"
+        + "    def sleep(seconds):\n"
+        + f"        store.decide('run-1', {REFUND_ID!r}, approve=True, by='ops', reason='ok')\n"
+        + "endpoint = ScriptedOpenAI(\n"
+        + f"    chat_completion([function_call({REFUND_ID!r}, 'refund', '{{\"amount\": 125}}')]),\n"
+        + "    chat_completion(None, 'Refunded 125.'),\n"
+        + ")\n"
+        + "boundary = SyncBoundary(store, TOOLS, on_duplicate='replay')\n"
+        + "agent = Agent(model=openai_model(endpoint), tools=as_tools(boundary, TOOLS,\n"
+        + "    run='run-1'), callback_handler=None)\n"
+        + code
+        + "report = {'done': done, 'sent': endpoint.requests[-1]['messages']}\n"
+        + "json.dump(report, open(os.environ['DOC_REPORT'], 'w'))\n"
+        + "store.close()\n"
+    )
+    stdout, report = run_as_script(script, redis_url, namespace, tmp_path)
+    assert stdout.strip() == "Refunded 125."
+    assert report["done"] == [{"amount": 125}]
+    [answer] = [m for m in report["sent"] if m["role"] == "tool"]
+    assert (answer["tool_call_id"], json.loads(answer["content"])) == (REFUND_ID, {"refunded": 125})
+    record = store.get("run-1", REFUND_ID)
+    assert record is not None and record.state.status is Status.READY
