@@ -51,6 +51,7 @@ from eventstore.wire.cluster import (
     store_client,
 )
 from eventstore.wire.cluster_batching import ClusterScriptBatcher
+from eventstore.wire.connections import keeping_cancellation
 from eventstore.wire.exchange import BatchStats
 from eventstore.wire.keys import LAYOUT, LAYOUTS, LEGACY_LAYOUT, Keys
 from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_replicas
@@ -300,6 +301,8 @@ class Store:
                 max_connections=max_connections or DEFAULT_MAX_CONNECTIONS,
                 decode_responses=False,
             )
+            # (The scheme chose the class: plain, TLS or unix socket.)
+            pool.connection_class = keeping_cancellation(pool.connection_class)
             client = Redis.from_pool(pool)
         return cls(client, settings, keys=keys)
 

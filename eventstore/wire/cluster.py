@@ -57,6 +57,7 @@ from redis.typing import EncodableT
 from eventstore.errors import InvalidArgument, NotACluster
 from eventstore.logs import get_logger
 from eventstore.wire.batching import DEFAULT_MAX_LANES
+from eventstore.wire.connections import keeping_cancellation
 
 log = get_logger("canon.cluster")
 
@@ -90,6 +91,14 @@ class ClusterClient(RedisCluster):
         **kwargs: Any,
     ) -> None:
         super().__init__(*args, **kwargs)
+        # Every node's connections (the startup nodes' and those found later) keep a
+        # cancellation that redis-py's write would lose (see eventstore.wire.connections).
+        manager = self.nodes_manager
+        kept = keeping_cancellation(manager.connection_kwargs["connection_class"])
+        for options in (self.connection_kwargs, manager.connection_kwargs):
+            options["connection_class"] = kept
+        for node in manager.startup_nodes.values():
+            node.connection_class = kept
         self.redirect_budget_s = redirect_budget_s
         self.commands_retried = 0
         self.max_in_flight = max_in_flight

@@ -163,10 +163,6 @@ async def test_cancelling_a_call_whose_tool_runs_in_a_thread_closes_the_record(s
     assert tool.projected == 0
 
 
-@pytest.mark.not_on_cluster(
-    "the cluster client is not batched, and redis-py's cluster client absorbs a "
-    "cancellation that lands during its command: the call then simply goes on"
-)
 async def test_cancelling_while_the_record_is_being_created_closes_it(store: Store):
     """A cancellation that lands while the creation script is in flight still leaves no record
     PROJECTING: the same creation is sent again (applied or created, never twice) and closed;
@@ -213,9 +209,6 @@ async def test_a_second_cancellation_does_not_stop_the_closing(store: Store):
     await assert_closed(store, ErrorCode.CALLER_CANCELLED)
 
 
-@pytest.mark.not_on_cluster(
-    "the same: the cluster client absorbs a cancellation during its command"
-)
 async def test_cancelling_while_a_failure_is_being_written_still_closes_the_record(
     store: Store,
 ):
