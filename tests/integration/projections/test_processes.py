@@ -166,7 +166,9 @@ async def test_stop_signal_settles_the_batch_and_exits_zero(
         f"--shards={SHARDS}",
         "--consumer=polite",
         "--batch=10",
-        throttle_ms=15,
+        # 60 entries a group at 40 ms each: a group is still mid-load seconds after the
+        # signal is sent, even when a busy machine starts the other group's worker late.
+        throttle_ms=40,
     )
     deadline = asyncio.get_running_loop().time() + 30
     while min([await settled(redis, store, g) for g in GROUPS]) < 5:
