@@ -54,7 +54,11 @@ from tests.support.legacy_schema import register_legacy_upcaster
 register_legacy_upcaster()
 
 #: The session-wide log scan (a plugin, so its hooks run in every session of the suite).
-pytest_plugins = ["tests.support.log_scan", "tests.support.browser"]
+pytest_plugins = [
+    "tests.support.log_scan",
+    "tests.support.browser",
+    "tests.support.connection_origins",
+]
 
 #: tests/stacks/<stack> holds the suites of the adapters whose SDKs cannot share this
 #: virtualenv (their pins conflict with the test extra's): scripts/test.sh runs each in a
