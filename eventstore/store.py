@@ -230,6 +230,8 @@ class Store:
             seals=self.seals,
         )
         self._reader = Reader(self.client, keys, self.seals)
+        # Writes that outlived their caller (see finish_before_closing).
+        self._finishing: set[asyncio.Task[Any]] = set()
         self.runs = RunRegistry(self.client, keys, self._scripts, ttl_ms=self.settings.ttl_ms)
         #: Operators' decisions and runs' pause switches (:mod:`eventstore.decisions`).
         self.decisions = Decisions(self._reader, self.writer, self.runs, self.settings.limits)
@@ -362,10 +364,30 @@ class Store:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Close the connection pool."""
+        """Close the connection pool, once the writes under way are done.
+
+        First the writes that outlived their callers end (see
+        :meth:`finish_before_closing`), then every script call already made is answered.
+        """
         self.check_loop()
-        await self._batcher.close()
-        await self.client.aclose()
+        try:
+            if self._finishing:  # each bounded by its own timeout
+                await asyncio.wait(set(self._finishing))
+            await self._batcher.close()
+        finally:
+            # Also when the close is cancelled while calls are answered: no connection
+            # is left open for the garbage collector to find.
+            await self.client.aclose()
+
+    def finish_before_closing(self, task: asyncio.Task[Any]) -> None:
+        """Make :meth:`aclose` wait for ``task``, a write that outlived its caller.
+
+        The closing of a call cut short goes on after a second cancellation of its caller
+        (:mod:`eventstore.boundary.interrupts`); a store closed meanwhile would otherwise
+        see its write reopen a connection the close had closed, and leave it open.
+        """
+        self._finishing.add(task)
+        task.add_done_callback(self._finishing.discard)
 
     @_naming_server
     async def check_namespace(self) -> None:

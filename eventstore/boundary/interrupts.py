@@ -125,13 +125,22 @@ class Interruptions:
         writer: the store's writer.
         reader: the store's reader.
         timeout_s: the longest a closing may take.
+        outlived: told of each closing as it starts, so the store's close waits for one
+            that outlives its caller (``Store.finish_before_closing``).
 
     """
 
-    def __init__(self, writer: Writer, reader: Reader, timeout_s: float) -> None:
+    def __init__(
+        self,
+        writer: Writer,
+        reader: Reader,
+        timeout_s: float,
+        outlived: Callable[[asyncio.Task[None]], None],
+    ) -> None:
         self._writer = writer
         self._reader = reader
         self._timeout_s = timeout_s
+        self._outlived = outlived
         # Closings still running after a second cancellation left them: referenced
         # until they end, or the event loop could drop them.
         self._running: set[asyncio.Task[None]] = set()
@@ -152,6 +161,7 @@ class Interruptions:
         closing = asyncio.ensure_future(self._close(head, creation, report))
         self._running.add(closing)
         closing.add_done_callback(self._running.discard)
+        self._outlived(closing)
         try:
             await asyncio.shield(closing)
         except asyncio.CancelledError:

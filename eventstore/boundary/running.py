@@ -56,7 +56,9 @@ class CallRunner:
         self._failure_detail = failure_detail
         self._store_deadlines = Deadlines(store_timeout_s)
         self._store_timeout_ms = int(store_timeout_s * 1000)
-        self._interruptions = Interruptions(store.writer, store.reader, store_timeout_s)
+        self._interruptions = Interruptions(
+            store.writer, store.reader, store_timeout_s, store.finish_before_closing
+        )
         self._leases = Leases(store.writer, store.settings.lease_ms)
 
     @property

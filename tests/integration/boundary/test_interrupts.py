@@ -209,6 +209,29 @@ async def test_a_second_cancellation_does_not_stop_the_closing(store: Store):
     await assert_closed(store, ErrorCode.CALLER_CANCELLED)
 
 
+async def test_closing_the_store_waits_for_a_closing_that_outlived_its_caller(
+    make_store: Any, redis: Any
+) -> None:
+    """A store closed while the closing of a call cancelled twice still runs waits for
+    that closing: when ``aclose`` returns, the record is already ERROR (the closing did
+    not go on over a connection opened again after the close)."""
+    store: Store = make_store()
+    await open_run(store)
+    held = Held()
+    boundary = ToolBoundary(store, {TOOL: ToolSpec(executor=held.wait, projector=held.project)})
+    task = asyncio.create_task(boundary.invoke(RunContext(RUN), envelope()))
+    await held.running.wait()
+    task.cancel()
+    await wait_for(lambda: bool(boundary._runner.interruptions._running))
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+
+    await store.aclose()
+    record = await redis.hgetall(store.keys.record(RUN, "call_1"))
+    assert (record[b"status"], record[b"error_code"]) == (b"ERROR", b"CALLER_CANCELLED")
+
+
 async def test_cancelling_while_a_failure_is_being_written_still_closes_the_record(
     store: Store,
 ):

@@ -28,6 +28,7 @@ from eventstore.wire.exchange import send_batch
 from eventstore.writer import Head
 from machine.codes import EvidenceStatus
 from tests.helpers import RAW, REQUEST, RESULT, TOOL, record_fields
+from tests.support.waiting import wait_for
 
 pytestmark = pytest.mark.backends("single", "cluster")
 
@@ -563,3 +564,40 @@ def test_a_cluster_client_is_not_batched() -> None:
     """A cluster client's calls go out one by one (cluster pipelines split by node)."""
     client = RedisCluster(host="127.0.0.1", port=1)
     assert ScriptBatcher(client).batching is False  # type: ignore[arg-type]
+
+
+@pytest.mark.not_on_cluster(_OWN_SERVER)
+async def test_a_close_cancelled_while_calls_are_answered_still_closes_every_connection(
+    private_server: EmbeddedRedis,
+) -> None:
+    """A close cancelled while it waits for the calls in flight (the server holds their
+    writes) still closes the pool, the connections waiting in it too: once the calls
+    have ended, the server holds no connection of the store's."""
+    store = Store.from_url(private_server.url, namespace="closing")
+    run_id = await _open(store)
+    # Plain reads at once: more connections wait in the pool than the calls' lanes take.
+    await asyncio.gather(*(store.get(run_id, f"c{n}") for n in range(8)))
+    async with Redis.from_url(private_server.url) as admin:
+        sent = store.batch_stats.calls
+        await admin.execute_command("CLIENT", "PAUSE", "30000", "WRITE")
+        try:
+            calls = [
+                asyncio.create_task(store.writer.create(run_id, f"c{n}", TOOL, REQUEST))
+                for n in range(4)
+            ]
+            await wait_for(lambda: store.batch_stats.calls >= sent + 4)
+            closing = asyncio.create_task(store.aclose())
+            for _ in range(3):  # into the wait for the calls' answers
+                await asyncio.sleep(0)
+            assert not closing.done()
+            closing.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await closing
+        finally:
+            await admin.execute_command("CLIENT", "UNPAUSE")
+        await asyncio.gather(*calls, return_exceptions=True)
+
+        async def only_the_admin_left() -> bool:
+            return len(await admin.client_list()) == 1
+
+        await wait_for(only_the_admin_left)
