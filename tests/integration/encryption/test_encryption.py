@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import base64
 import json
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -33,6 +35,7 @@ from machine.events import payload_digest
 from machine.ids import invocation_id
 from projections import ReceiptWorker
 from projections.archive import ArchiveWorker, open_archive
+from projections.archive.database import ArchiveDatabase
 from projections.archive.schema import migrate
 from projections.archive.source import ArchiveSource
 from projections.archive.store import Archive
@@ -83,6 +86,29 @@ async def every_stored_byte(redis: Any, namespace: str) -> bytes:
         parts.append(key)
         parts.extend(await key_values(redis, key))
     return b"\n".join(parts)
+
+
+@asynccontextmanager
+async def archived(store: Store, folder: Path) -> AsyncIterator[ArchiveDatabase]:
+    """A SQLite archive in ``folder`` holding what the store's feeds hold now."""
+    database = open_archive(f"sqlite:///{folder / 'archive.db'}")
+    try:
+        await migrate(database)
+        await ArchiveWorker(store, database, consumer="w1").run(burst=True)
+        yield database
+    finally:
+        await database.aclose()
+
+
+async def archive_files(folder: Path) -> bytes:
+    """Every byte of the archive's database files (the database and its journals)."""
+
+    def read() -> bytes:
+        return b"".join(
+            file.read_bytes() for file in folder.iterdir() if file.name.startswith("archive.db")
+        )
+
+    return await asyncio.to_thread(read)
 
 
 async def test_no_payload_byte_reaches_redis_and_the_store_reads_them_opened(
@@ -371,22 +397,11 @@ async def test_the_archive_worker_writes_no_payload_byte(
     await ToolBoundary(store, Marked().spec()).invoke(
         CTX, envelope("c1", arguments={"q": f"{MARKER}-request"})
     )
-    path = tmp_path / "archive.db"
-    database = open_archive(f"sqlite:///{path}")
-    try:
-        await migrate(database)
-        await ArchiveWorker(store, database, consumer="w1").run(burst=True)
-        archived = await Archive(database, store.keys.namespace).invocation(RUN, "c1")
-        assert archived is not None and is_sealed(archived.fields[b"request"])
-    finally:
-        await database.aclose()
+    async with archived(store, tmp_path) as database:
+        copy = await Archive(database, store.keys.namespace).invocation(RUN, "c1")
+        assert copy is not None and is_sealed(copy.fields[b"request"])
 
-    def database_files() -> bytes:
-        return b"".join(
-            file.read_bytes() for file in tmp_path.iterdir() if file.name.startswith("archive.db")
-        )
-
-    stored = await asyncio.to_thread(database_files)
+    stored = await archive_files(tmp_path)
     assert b"search" in stored and MARKER.encode() not in stored
 
 
@@ -403,11 +418,7 @@ async def test_an_archived_run_opens_after_the_ttl_with_its_archived_key_until_e
     await ToolBoundary(store, Marked().spec()).invoke(CTX, envelope("c1", arguments=arguments))
     wrapped = await redis.hget(store.keys.run(RUN), DATA_KEY_FIELD)
     data_key = KEYRING.unwrap(wrapped, data_key_context(store.keys.namespace, RUN))
-    path = tmp_path / "archive.db"
-    database = open_archive(f"sqlite:///{path}")
-    try:
-        await migrate(database)
-        await ArchiveWorker(store, database, consumer="w1").run(burst=True)
+    async with archived(store, tmp_path) as database:
 
         async def gone() -> bool:
             return await redis.exists(store.keys.run(RUN), store.keys.record(RUN, "c1")) == 0
@@ -434,13 +445,6 @@ async def test_an_archived_run_opens_after_the_ttl_with_its_archived_key_until_e
             await keyed.seal(RUN)
         after = await keyed.snapshot(RUN, "c1")
         assert after.fields[b"request"] == sealed.fields[b"request"]
-    finally:
-        await database.aclose()
 
-    def database_files() -> bytes:
-        return b"".join(
-            file.read_bytes() for file in tmp_path.iterdir() if file.name.startswith("archive.db")
-        )
-
-    stored = await asyncio.to_thread(database_files)
+    stored = await archive_files(tmp_path)
     assert data_key not in stored and MARKER.encode() not in stored
