@@ -186,9 +186,9 @@ async def test_cancelling_while_the_record_is_being_created_closes_it(store: Sto
     assert info is not None and info.used_total == 1
 
 
-async def test_a_second_cancellation_does_not_stop_the_closing(store: Store):
-    """Cancelling the caller again while its record is being closed re-raises at once; the
-    closing goes on in the background and the record still ends CALLER_CANCELLED."""
+async def cancelled_twice(store: Store) -> None:
+    """A call cancelled once while its tool runs, and again once its closing has started:
+    the caller's CancelledError comes back at once; the closing goes on in the background."""
     await open_run(store)
     held = Held()
     boundary = ToolBoundary(store, {TOOL: ToolSpec(executor=held.wait, projector=held.project)})
@@ -200,6 +200,12 @@ async def test_a_second_cancellation_does_not_stop_the_closing(store: Store):
     task.cancel()
     with pytest.raises(asyncio.CancelledError):
         await task
+
+
+async def test_a_second_cancellation_does_not_stop_the_closing(store: Store):
+    """Cancelling the caller again while its record is being closed re-raises at once; the
+    closing goes on in the background and the record still ends CALLER_CANCELLED."""
+    await cancelled_twice(store)
 
     async def closed() -> bool:
         record = await store.get(RUN, "call_1")
@@ -216,16 +222,7 @@ async def test_closing_the_store_waits_for_a_closing_that_outlived_its_caller(
     that closing: when ``aclose`` returns, the record is already ERROR (the closing did
     not go on over a connection opened again after the close)."""
     store: Store = make_store()
-    await open_run(store)
-    held = Held()
-    boundary = ToolBoundary(store, {TOOL: ToolSpec(executor=held.wait, projector=held.project)})
-    task = asyncio.create_task(boundary.invoke(RunContext(RUN), envelope()))
-    await held.running.wait()
-    task.cancel()
-    await wait_for(lambda: bool(boundary._runner.interruptions._running))
-    task.cancel()
-    with pytest.raises(asyncio.CancelledError):
-        await task
+    await cancelled_twice(store)
 
     await store.aclose()
     record = await redis.hgetall(store.keys.record(RUN, "call_1"))
