@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import os
 from collections.abc import Iterator
+from datetime import timedelta
 
 import pytest
 
+from eventstore import SyncStore
 from eventstore.server.embedded import EmbeddedRedis
 from tests.conftest import STACK_ENV, embedded_binary
 
@@ -41,3 +43,15 @@ def stack_redis_url() -> Iterator[str]:
 def redis_url(stack_redis_url: str) -> str:
     """The stacks' server (one, not one per version: see the module's docstring)."""
     return stack_redis_url
+
+
+@pytest.fixture
+def sync_store(
+    request: pytest.FixtureRequest, redis_url: str, namespace: str
+) -> Iterator[SyncStore]:
+    """A SyncStore with the test module's run open (its ``RUN``; the docs' blocks use
+    "run-1"); closed after the test."""
+    run_id = getattr(request.module, "RUN", "run-1")
+    with SyncStore.from_url(redis_url, namespace=namespace) as store:
+        store.open_run(run_id, deadline=timedelta(minutes=5))
+        yield store

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
-from datetime import timedelta
-
-import pytest
 
 from eventstore import SyncStore
 from machine.codes import Status
@@ -35,16 +31,8 @@ def openai_client(endpoint):
 REFUND_ID = "call_R3fUnd9Xy7Tn4Bm1Cd6Wq2L"
 
 
-@pytest.fixture
-def store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the docs' run open."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run("run-1", deadline=timedelta(minutes=5))
-        yield store
-
-
 def test_the_agent_framework_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the agent's call goes through canon under the model's id, the model
     reads the result, and stdout holds the block's own line only (no canon log)."""
@@ -69,12 +57,12 @@ def test_the_agent_framework_loop_runs_as_written(
     [answer] = [m for m in report["sent"] if m["role"] == "tool"]
     assert answer["tool_call_id"] == DOC_CALL[0]
     assert json.loads(answer["content"]) == {"titles": ["refund policy"]}
-    record = store.get("run-1", DOC_CALL[0])
+    record = sync_store.get("run-1", DOC_CALL[0])
     assert record is not None and record.state.status is Status.READY
 
 
 def test_the_agent_framework_governed_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the refund ends the run with canon's approval request; while the loop
     waits, an operator approves it in canon; the next run executes it once and the model
@@ -118,5 +106,5 @@ def test_the_agent_framework_governed_loop_runs_as_written(
     assert report["done"] == [{"amount": 125}]
     [answer] = [m for m in report["sent"] if m["role"] == "tool"]
     assert (answer["tool_call_id"], json.loads(answer["content"])) == (REFUND_ID, {"refunded": 125})
-    record = store.get("run-1", REFUND_ID)
+    record = sync_store.get("run-1", REFUND_ID)
     assert record is not None and record.state.status is Status.READY

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
-from datetime import timedelta
 from typing import Any
 
 import httpx
@@ -94,14 +92,6 @@ def safe_error(code: ErrorCode) -> str:
     """An error as the model reads it: ``Error: `` and the safe error JSON."""
     body = {"error_code": code.value, "message": SAFE_MESSAGES[code]}
     return "Error: " + json.dumps(body, separators=(",", ":"))
-
-
-@pytest.fixture
-def sync_store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the run open; closed after the test."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run(RUN, deadline=timedelta(minutes=5))
-        yield store
 
 
 def test_a_turn_runs_under_the_models_ids_with_errors_as_outputs(sync_store: SyncStore) -> None:

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
-from datetime import timedelta
-
-import pytest
 
 from eventstore import SyncStore
 from machine.codes import Status
@@ -32,16 +28,8 @@ from tests.support.openai_scripted import chat_completion
 REFUND_ID = "call_R3fUnd9Xy7Tn4Bm1Cd6Wq2L"
 
 
-@pytest.fixture
-def store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the docs' run open."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run("run-1", deadline=timedelta(minutes=5))
-        yield store
-
-
 def test_the_crewai_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the agent's call goes through canon under the model's id, the model
     reads the result, and stdout ends with the block's own line (no canon log)."""
@@ -64,12 +52,12 @@ def test_the_crewai_loop_runs_as_written(
     assert {i: json.loads(text) for i, text in report["seen"].items()} == {
         DOC_CALL[0]: {"titles": ["refund policy"]}
     }
-    record = store.get("run-1", DOC_CALL[0])
+    record = sync_store.get("run-1", DOC_CALL[0])
     assert record is not None and record.state.status is Status.READY
 
 
 def test_the_crewai_governed_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the refund's output says it waits; an operator approves it in canon
     meanwhile; resume_waiting runs it once and the next kickoff tells the model."""
@@ -111,5 +99,5 @@ def test_the_crewai_governed_loop_runs_as_written(
     assert report["done"] == [{"amount": 125}]
     told = json.dumps(report["told"])
     assert REFUND_ID in told and "refunded" in told
-    record = store.get("run-1", REFUND_ID)
+    record = sync_store.get("run-1", REFUND_ID)
     assert record is not None and record.state.status is Status.READY

@@ -11,12 +11,10 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import httpx2
-import pytest
 from google import genai
 from google.adk.agents import LlmAgent
 from google.adk.models.google_llm import Gemini
@@ -152,14 +150,6 @@ def safe_error(code: ErrorCode) -> dict[str, str]:
     """An error as the model reads it: the safe error JSON under ``error``."""
     body = {"error_code": code.value, "message": SAFE_MESSAGES[code]}
     return {"error": json.dumps(body, separators=(",", ":"))}
-
-
-@pytest.fixture
-def sync_store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the run open; closed after the test."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run(RUN, deadline=timedelta(minutes=5))
-        yield store
 
 
 def test_a_turn_runs_under_the_models_ids_with_errors_as_error_responses(

@@ -4,10 +4,6 @@ fresh interpreter, against a scripted generateContent endpoint, on a real store.
 from __future__ import annotations
 
 import pathlib
-from collections.abc import Iterator
-from datetime import timedelta
-
-import pytest
 
 from eventstore import SyncStore
 from machine.codes import Status
@@ -35,16 +31,8 @@ def gemini(endpoint):
 REFUND_ID = "rf8c2f1a"
 
 
-@pytest.fixture
-def store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the docs' run open."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run("run-1", deadline=timedelta(minutes=5))
-        yield store
-
-
 def test_the_adk_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the agent's call goes through canon under the model's id, the model
     reads the result, and stdout holds the block's own line only (no canon log)."""
@@ -65,12 +53,12 @@ def test_the_adk_loop_runs_as_written(
     assert stdout == "Refunds within 30 days.\n"
     assert report["runs"] == 1
     assert report["seen"] == {DOC_CALL[0]: {"result": {"titles": ["refund policy"]}}}
-    record = store.get("run-1", DOC_CALL[0])
+    record = sync_store.get("run-1", DOC_CALL[0])
     assert record is not None and record.state.status is Status.READY
 
 
 def test_the_adk_governed_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the refund asks for ADK's confirmation; while the loop waits, an
     operator approves it in canon; the answer runs it once and the model reads its
@@ -115,5 +103,5 @@ def test_the_adk_governed_loop_runs_as_written(
     assert stdout == "Refunded 125.\n"
     assert report["done"] == [{"amount": 125}]
     assert report["seen"] == {REFUND_ID: {"result": {"refunded": 125}}}
-    record = store.get("run-1", REFUND_ID)
+    record = sync_store.get("run-1", REFUND_ID)
     assert record is not None and record.state.status is Status.READY

@@ -9,12 +9,10 @@ interrupts.
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from datetime import timedelta
 from typing import Any
 
 import httpx2
-import pytest
 from openai import AsyncOpenAI
 from strands import Agent
 from strands.models.openai import OpenAIModel
@@ -60,14 +58,6 @@ def tool_messages(endpoint: ScriptedOpenAI, request: int = -1) -> dict[str, str]
 def safe_error(code: ErrorCode) -> dict[str, str]:
     """An error as the model reads it: the code and its fixed message."""
     return {"error_code": code.value, "message": SAFE_MESSAGES[code]}
-
-
-@pytest.fixture
-def sync_store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the run open; closed after the test."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run(RUN, deadline=timedelta(minutes=5))
-        yield store
 
 
 def test_a_turn_runs_under_the_models_ids_with_errors_as_error_results(

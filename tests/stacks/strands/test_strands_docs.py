@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import json
 import pathlib
-from collections.abc import Iterator
-from datetime import timedelta
-
-import pytest
 
 from eventstore import SyncStore
 from machine.codes import Status
@@ -34,16 +30,8 @@ def openai_model(endpoint):
 REFUND_ID = "call_R3fUnd9Xy7Tn4Bm1Cd6Wq2L"
 
 
-@pytest.fixture
-def store(redis_url: str, namespace: str) -> Iterator[SyncStore]:
-    """A SyncStore with the docs' run open."""
-    with SyncStore.from_url(redis_url, namespace=namespace) as store:
-        store.open_run("run-1", deadline=timedelta(minutes=5))
-        yield store
-
-
 def test_the_strands_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the agent's call goes through canon under the model's id, the model
     reads the result, and stdout holds the block's own line only (no canon log)."""
@@ -68,12 +56,12 @@ def test_the_strands_loop_runs_as_written(
     [answer] = [m for m in report["sent"] if m["role"] == "tool"]
     assert answer["tool_call_id"] == DOC_CALL[0]
     assert json.loads(answer["content"]) == {"titles": ["refund policy"]}
-    record = store.get("run-1", DOC_CALL[0])
+    record = sync_store.get("run-1", DOC_CALL[0])
     assert record is not None and record.state.status is Status.READY
 
 
 def test_the_strands_governed_loop_runs_as_written(
-    store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
+    sync_store: SyncStore, redis_url: str, namespace: str, tmp_path: pathlib.Path
 ) -> None:
     """As a script: the refund stops the agent with canon's interrupt; while the loop
     waits, an operator approves it in canon; the resume runs it once and the model reads
@@ -115,5 +103,5 @@ def test_the_strands_governed_loop_runs_as_written(
     assert report["done"] == [{"amount": 125}]
     [answer] = [m for m in report["sent"] if m["role"] == "tool"]
     assert (answer["tool_call_id"], json.loads(answer["content"])) == (REFUND_ID, {"refunded": 125})
-    record = store.get("run-1", REFUND_ID)
+    record = sync_store.get("run-1", REFUND_ID)
     assert record is not None and record.state.status is Status.READY
