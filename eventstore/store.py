@@ -15,7 +15,7 @@ from types import TracebackType
 from typing import Any, Concatenate, Final, ParamSpec, Self, TypeVar, Unpack, cast
 
 import msgspec
-from redis.asyncio import BlockingConnectionPool, Redis
+from redis.asyncio import Redis
 from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
@@ -51,7 +51,7 @@ from eventstore.wire.cluster import (
     store_client,
 )
 from eventstore.wire.cluster_batching import ClusterScriptBatcher
-from eventstore.wire.connections import keeping_cancellation
+from eventstore.wire.connections import StorePool, keeping_cancellation
 from eventstore.wire.exchange import BatchStats
 from eventstore.wire.keys import LAYOUT, LAYOUTS, LEGACY_LAYOUT, Keys
 from eventstore.wire.replication import ReplicaAcknowledgedCalls, validate_replicas
@@ -293,7 +293,7 @@ class Store:
         else:
             # A blocking pool makes a burst beyond max_connections wait (up to timeout_s)
             # for a free connection instead of failing at once.
-            pool = BlockingConnectionPool.from_url(
+            pool = StorePool.from_url(
                 url,
                 timeout=timeout_s,
                 socket_timeout=timeout_s,

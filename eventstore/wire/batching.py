@@ -181,6 +181,7 @@ class ScriptBatcher:
         # than the pool has beyond a full set of lanes, so the store's other commands
         # always find connections.
         self._idle: list[Connection] = []
+        self._closed = False
         if pool is None:
             pool = getattr(client, "connection_pool", None)  # a cluster client has none
         self._pool: Any = pool
@@ -305,6 +306,7 @@ class ScriptBatcher:
 
     async def close(self) -> None:
         """Answer every call already made, then give the kept connection back to the pool."""
+        self._closed = True  # a lane still running gives its connection back, keeps none
         await self.drain()
         while self._idle:
             await self._release(self._idle.pop())
@@ -374,7 +376,7 @@ class ScriptBatcher:
         it: nothing is kept from such a pool. (Not a coroutine: keeping, the usual case,
         awaits nothing.)
         """
-        if len(self._idle) < self._keep:
+        if len(self._idle) < self._keep and not self._closed:
             self._idle.append(connection)
             return True
         return False

@@ -1,4 +1,4 @@
-"""Connections that never lose their caller's cancellation.
+"""The store's connections: they never lose a cancellation, nor reopen once closed.
 
 redis-py bounds a command's write, and the read of what an idle pooled connection holds
 (push notifications, or the reply of a command whose caller left), with
@@ -11,6 +11,12 @@ awaits it waits forever.
 
 :func:`keeping_cancellation` gives a pool the connection class that raises the lost
 cancellation again once those two return or fail. On 3.12 and later it changes nothing.
+
+:class:`StorePool` is the single server's pool. redis-py's pool, once closed, still hands
+out its closed connections and reopens them; a call that outlives its store's close (a
+framework that leaves a tool call running when it stops) would then hold a connection
+nothing ever closes. Closed, this pool refuses instead: the call fails as on an
+unreachable server (``StoreUnavailable``).
 """
 
 from __future__ import annotations
@@ -20,7 +26,8 @@ import sys
 from collections.abc import Awaitable, Iterable
 from typing import Any, TypeVar
 
-from redis.asyncio.connection import AbstractConnection
+from redis.asyncio.connection import AbstractConnection, BlockingConnectionPool
+from redis.exceptions import RedisError
 
 _T = TypeVar("_T")
 
@@ -79,3 +86,36 @@ def keeping_cancellation(connection_class: type[Any]) -> type[Any]:
         kept = type(connection_class.__name__, (_KeepsCancellation, connection_class), {})
         _KEEPING[connection_class] = kept
     return kept
+
+
+class PoolClosed(RedisError):
+    """Raised for a connection asked of a :class:`StorePool` after it was closed."""
+
+
+class StorePool(BlockingConnectionPool):
+    """A blocking pool that hands out no connection once it is closed (see the module doc).
+
+    Attributes:
+        closed: set by :meth:`aclose`; from then on :meth:`get_connection` raises.
+
+    """
+
+    closed = False
+
+    async def get_connection(self, *args: Any, **kwargs: Any) -> AbstractConnection:
+        """A connection, as redis-py's pool gives it.
+
+        Raises:
+            PoolClosed: the pool was closed (never retried: it stays closed).
+
+        """
+        if self.closed:
+            raise PoolClosed("the store was closed")
+        opened: Any = super().get_connection  # untyped in redis-py
+        connection: AbstractConnection = await opened(*args, **kwargs)
+        return connection
+
+    async def aclose(self) -> None:
+        """Close every connection, and open none from now on."""
+        self.closed = True
+        await super().aclose()

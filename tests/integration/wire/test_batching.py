@@ -601,3 +601,26 @@ async def test_a_close_cancelled_while_calls_are_answered_still_closes_every_con
             return len(await admin.client_list()) == 1
 
         await wait_for(only_the_admin_left)
+
+
+@pytest.mark.not_on_cluster(_OWN_SERVER)
+async def test_a_store_used_after_its_close_opens_no_connection(
+    private_server: EmbeddedRedis,
+) -> None:
+    """A read or a write made after the store was closed (a call that outlived it) fails as
+    on an unreachable server, and the server holds no connection of the store's after."""
+    store = Store.from_url(private_server.url, namespace="reuse")
+    run_id = await _open(store)
+    await asyncio.gather(*(store.get(run_id, f"c{n}") for n in range(4)))
+    await store.aclose()
+
+    with pytest.raises(StoreUnavailable):
+        await store.get(run_id, "c0")
+    with pytest.raises(StoreUnavailable):
+        await store.writer.create(run_id, "late", TOOL, REQUEST)
+    async with Redis.from_url(private_server.url) as admin:
+
+        async def only_the_admin_left() -> bool:
+            return len(await admin.client_list()) == 1
+
+        await wait_for(only_the_admin_left)
