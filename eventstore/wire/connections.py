@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 from redis.asyncio.connection import AbstractConnection, BlockingConnectionPool
 from redis.exceptions import RedisError
 
+from eventstore.errors import CanonError
+
 _T = TypeVar("_T")
 
 
@@ -88,8 +90,12 @@ def keeping_cancellation(connection_class: type[Any]) -> type[Any]:
     return kept
 
 
-class PoolClosed(RedisError):
-    """Raised for a connection asked of a :class:`StorePool` after it was closed."""
+class PoolClosed(CanonError, RedisError):
+    """Raised when a connection is asked of a :class:`StorePool` after it was closed.
+
+    A Redis error too, so the store reports it as any failure to reach Redis
+    (``StoreUnavailable``).
+    """
 
 
 class StorePool(BlockingConnectionPool):
