@@ -10,11 +10,14 @@ from __future__ import annotations
 import pathlib
 import shutil
 import tempfile
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import pytest
 from selenium import webdriver
+from selenium.common.exceptions import StaleElementReferenceException, WebDriverException
 from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.remote.webelement import WebElement
 
 CHROMIUM = pathlib.Path("/usr/bin/chromium")
 CHROMEDRIVER = pathlib.Path("/usr/bin/chromedriver")
@@ -68,3 +71,25 @@ def screenshot(
     assert driver.save_screenshot(str(path)), name
     print(f"console screenshot: {path}")
     return path
+
+
+def replaced(element: WebElement) -> Callable[[Any], bool]:
+    """A wait condition: ``element`` has left the document (its page was replaced).
+
+    Selenium's ``staleness_of``, plus chromium's other answer for a node of a page being
+    replaced: while the new page loads, asking about the old node can fail with "Node
+    with given id does not belong to the document" instead of a stale reference.
+    """
+
+    def left(_driver: Any) -> bool:
+        try:
+            element.is_enabled()
+        except StaleElementReferenceException:
+            return True
+        except WebDriverException as exc:
+            if "does not belong to the document" in (exc.msg or ""):
+                return True
+            raise
+        return False
+
+    return left

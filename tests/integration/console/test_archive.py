@@ -23,7 +23,6 @@ import msgspec
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 from structlog.testing import capture_logs
 
@@ -39,7 +38,7 @@ from projections.archive.schema import migrate
 from projections.console import Console, OperatorAuth
 from tests.integration.console.test_serve import serve_console, stop
 from tests.integration.receipts.test_serve import spawn
-from tests.support.browser import screenshot
+from tests.support.browser import replaced, screenshot
 from tests.support.console_run import (
     DETAIL,
     FAILED_CALL,
@@ -149,7 +148,7 @@ def browse(driver: webdriver.Chrome, base: str) -> list[pathlib.Path]:
     form.find_element(By.NAME, "where").send_keys('request.q="REQUEST-PAYLOAD-MARKER"')
     form.find_element(By.CSS_SELECTOR, "button[type='submit']").click()
     # The unfiltered page lists every archived call too: wait for the answer's page.
-    wait.until(staleness_of(form))
+    wait.until(replaced(form))
     found = wait.until(lambda d: d.find_element(By.ID, "found"))
     assert [a.text for a in found.find_elements(By.CSS_SELECTOR, "bdi")] == [FAILED_CALL]
     shots.append(screenshot(driver, "archive-search"))

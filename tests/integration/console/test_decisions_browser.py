@@ -12,7 +12,6 @@ from typing import Any
 
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from eventstore.decisions import new_approval_id
@@ -20,7 +19,7 @@ from eventstore.store import Store
 from eventstore.writer import now_ms
 from machine.codes import ErrorCode, Stage
 from machine.ids import invocation_id
-from tests.support.browser import screenshot
+from tests.support.browser import replaced, screenshot
 from tests.support.console_run import OPERATOR_TOKEN, serving
 
 RUN = "run-browser-desk"
@@ -40,13 +39,13 @@ def decide(driver: webdriver.Chrome, base: str) -> list[pathlib.Path]:
     batch = driver.find_element(By.ID, "batch")
     batch.find_element(By.NAME, "reason").send_keys("duplicates of one refund")
     batch.find_element(By.CSS_SELECTOR, "button[value='deny']").click()
-    wait.until(staleness_of(batch))  # the answer's page, not the one the form was on
+    wait.until(replaced(batch))  # the answer's page, not the one the form was on
     notices = wait.until(lambda d: d.find_element(By.ID, "notices"))
     assert notices.text.count("denied now by ana") == 2, notices.text
     row = driver.find_element(By.ID, f"call-{invocation_id(RUN, 'pay-2')}")
     row.find_element(By.NAME, "reason").send_keys("the one to pay")
     row.find_element(By.CSS_SELECTOR, "button[value='approve']").click()
-    wait.until(staleness_of(row))  # the page above has notices too: wait for the next one
+    wait.until(replaced(row))  # the page above has notices too: wait for the next one
     wait.until(lambda d: "pay-2 (run" in d.find_element(By.ID, "notices").text)
     assert "approved now" in driver.find_element(By.ID, "notices").text
     assert driver.find_elements(By.ID, "none-waiting")

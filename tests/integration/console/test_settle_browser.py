@@ -14,12 +14,11 @@ from typing import Any
 from selenium import webdriver
 from selenium.common.exceptions import NoSuchElementException, StaleElementReferenceException
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from machine.codes import ErrorCode, Stage
 from machine.ids import invocation_id
-from tests.support.browser import screenshot
+from tests.support.browser import replaced, screenshot
 from tests.support.console_run import OPERATOR_TOKEN, serving
 from tests.support.stages import RUN, every_stage
 
@@ -38,7 +37,7 @@ def settle(driver: webdriver.Chrome, base: str) -> list[pathlib.Path]:
     form.find_element(By.NAME, "evidence").send_keys("bank: no refund under this call's key")
     shots.append(screenshot(driver, "settle-attempted-call", whole=False))
     form.find_element(By.CSS_SELECTOR, "button[value='not_executed']").click()
-    wait.until(staleness_of(form))  # the answer's page, not the one the form was on
+    wait.until(replaced(form))  # the answer's page, not the one the form was on
     notices = wait.until(lambda d: d.find_element(By.ID, "notices"))
     assert "settled as not executed now by ana" in notices.text, notices.text
     settlement = driver.find_element(By.ID, "settlement")

@@ -17,11 +17,10 @@ import httpx
 import pytest
 from selenium import webdriver
 from selenium.webdriver.common.by import By
-from selenium.webdriver.support.expected_conditions import staleness_of
 from selenium.webdriver.support.ui import WebDriverWait
 
 from tests.integration.newcomer.test_demo import _processes_in
-from tests.support.browser import screenshot
+from tests.support.browser import replaced, screenshot
 from tests.support.ports import free_port
 from tests.support.waiting import wait_for
 
@@ -150,7 +149,7 @@ async def test_the_demos_waiting_refund_is_approved_in_the_browser_and_runs_once
         screenshot(driver, "demo-refund-waiting", whole=False)
         form.find_element(By.NAME, "reason").send_keys("checked the order")
         form.find_element(By.CSS_SELECTOR, "button[value='approve']").click()
-        wait.until(staleness_of(form))  # the answer's page, not the one the form was on
+        wait.until(replaced(form))  # the answer's page, not the one the form was on
         wait.until(lambda d: d.find_elements(By.ID, "decision"))
 
         def ran(d: webdriver.Chrome) -> bool:
